@@ -1,0 +1,75 @@
+"""课程的两条命令（只需要 Python 3.10+；第一次会建 .venv 并安装依赖，之后秒过）：
+
+    python course.py demo    # 跑课程的主演示（第 6 章之后是阶段一里程碑）
+    python course.py test    # 跑全部测试：仓库级、每个检查点、文档构建
+
+其余参数原样传下去，例如 python course.py test ch3 只测第 3 章的检查点。
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+VENV = ROOT / ".venv"
+REQS = ROOT / "requirements.txt"
+REAL_MODEL = ROOT / "models" / "Qwen3-0.6B"
+DOWNLOAD = ("hf download Qwen/Qwen3-0.6B --local-dir models/Qwen3-0.6B\n"
+            "    （国内可用：modelscope download --model Qwen/Qwen3-0.6B --local_dir models/Qwen3-0.6B）")
+
+
+def venv_python() -> Path:
+    return VENV / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+
+
+def ensure_env() -> None:
+    """建 .venv，requirements.txt 变了才重装；装好后用 .venv 里的 Python 重新执行本脚本。"""
+    if Path(sys.prefix).resolve() == VENV.resolve():
+        return
+    if not venv_python().exists():
+        print("第一次运行：创建 .venv …", flush=True)
+        venv.create(VENV, with_pip=True)
+    stamp = VENV / ".requirements.sha256"
+    digest = hashlib.sha256(REQS.read_bytes()).hexdigest()
+    if not stamp.exists() or stamp.read_text() != digest:
+        print("安装依赖（requirements.txt）…", flush=True)
+        subprocess.run([str(venv_python()), "-m", "pip", "install", "-q", "-r", str(REQS)], check=True)
+        stamp.write_text(digest)
+    os.execv(str(venv_python()), [str(venv_python()), str(Path(__file__).resolve()), *sys.argv[1:]])
+
+
+def demo(extra: list[str]) -> int:
+    milestone = ROOT / "ch6_engine_sampler" / "examples" / "stage1_milestone.py"
+    if milestone.exists():
+        env = dict(os.environ, PYTHONPATH=str(milestone.parent.parent))
+        return subprocess.call([sys.executable, str(milestone), *extra], cwd=ROOT, env=env)
+    model = os.environ.get("MINISGL_MODEL") or (str(REAL_MODEL) if list(REAL_MODEL.glob("*.safetensors")) else None)
+    if model is None:
+        sys.path.insert(0, str(ROOT / "tools"))
+        from make_tiny_models import make_all
+
+        model = str(make_all(names=["qwen3-tied"])["qwen3-tied"])
+        print(f"没有找到真权重 {REAL_MODEL}，这次用离线的随机权重小模型（输出是乱码，但和 HF 逐 token 一致）：{model}\n"
+              f"  想看真模型，下载后重跑：{DOWNLOAD}\n", flush=True)
+    return subprocess.call([sys.executable, str(ROOT / "step0_skeleton" / "skeleton.py"), "--model", model, *extra],
+                           cwd=ROOT)
+
+
+def main() -> int:
+    if len(sys.argv) < 2 or sys.argv[1] not in ("demo", "test"):
+        print(__doc__)
+        return 2
+    ensure_env()
+    cmd, extra = sys.argv[1], sys.argv[2:]
+    if cmd == "demo":
+        return demo(extra)
+    return subprocess.call([sys.executable, str(ROOT / "tools" / "run_tests.py"), *extra], cwd=ROOT)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""测试入口。一个 pytest 进程只测一个检查点（它们都带一个叫 minisgl 的包）：
+
+    pytest tests                              # 仓库级测试：清单与逐字节继承、小模型工具、测试框架自检
+    pytest tests --checkpoint ch3             # 一个检查点：和 HF 逐 token 对齐 + 第 1~3 章的测试（累积）
+    pytest tests --checkpoint my_ch3 --as ch3 # 读者自己的目录，按第 3 章的要求测
+    pytest tests --checkpoint ch6 --real      # 另加真权重一档（models/Qwen3-0.6B）
+
+全部检查点一起：python tools/run_tests.py
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+
+from tests.harness.course import Checkpoint, find_checkpoint  # noqa: E402
+
+_SELECTED: Checkpoint | None = None
+
+
+def pytest_addoption(parser):
+    parser.addoption("--checkpoint", help="检查点名字（step0_skeleton、ch3 …）或一个目录")
+    parser.addoption("--as", dest="as_chapter", help="给读者自己的目录：按哪一章（step0、ch1…ch6）的要求测试")
+    parser.addoption("--real", action="store_true", default=os.environ.get("MINISGL_REAL") == "1",
+                     help="另跑真权重一档（默认 models/Qwen3-0.6B，可用 MINISGL_MODEL 指定）")
+
+
+def pytest_configure(config):
+    global _SELECTED
+    spec = config.getoption("--checkpoint")
+    if spec:
+        _SELECTED = find_checkpoint(spec, config.getoption("as_chapter"))
+        sys.path.insert(0, str(_SELECTED.path))  # import minisgl 得到的是这个检查点的包
+
+
+def pytest_report_header(config):
+    if _SELECTED is None:
+        return "仓库级测试（用 --checkpoint 选一个检查点）"
+    real = "开" if config.getoption("--real") else "关（--real 打开）"
+    return f"检查点 {_SELECTED.name}（第 {_SELECTED.chapter} 章）：{_SELECTED.path}；真权重一档：{real}"
+
+
+def _chapter_of(path: Path) -> int | None:
+    m = re.fullmatch(r"ch(\d+)", path.name)
+    return int(m.group(1)) if m else None
+
+
+def pytest_ignore_collect(collection_path, config):
+    p = Path(collection_path)
+    if p.parent == ROOT / "tests" and p.is_dir():
+        if p.name == "repo":
+            return _SELECTED is not None
+        if p.name == "checkpoint":
+            return _SELECTED is None
+        if p.name == "real":
+            return _SELECTED is None or not config.getoption("--real")
+        ch = _chapter_of(p)
+        if ch is not None:  # 累积：第 N 章的检查点也要通过前面各章仍然适用的测试
+            return _SELECTED is None or ch > _SELECTED.chapter
+    return None
+
+
+@pytest.fixture(scope="session")
+def checkpoint() -> Checkpoint:
+    assert _SELECTED is not None
+    return _SELECTED
+
+
+@pytest.fixture(scope="session")
+def tiny_models() -> dict[str, Path]:
+    from make_tiny_models import make_all
+
+    return make_all()
+
+
+def pytest_generate_tests(metafunc):
+    """按所选检查点支持的模型家族和页大小展开参数。"""
+    if _SELECTED is None:
+        return
+    if "family" in metafunc.fixturenames:
+        metafunc.parametrize("family", _SELECTED.families)
+    if "page_size" in metafunc.fixturenames:
+        metafunc.parametrize("page_size", _SELECTED.page_sizes)

@@ -1,0 +1,26 @@
+"""测试框架自己也要能失败：把检查点故意改坏（跳过一个 norm），对齐测试必须抓到，并说清楚在哪。"""
+
+import shutil
+
+from tests.harness.course import PROMPTS, TINY_NEW_TOKENS, load_manifest
+from tests.harness.parity import parity_failures
+
+
+def _broken_copy(tmp_path, name, rel, old, new):
+    ck = next(c for c in load_manifest() if c.name == name)
+    dst = tmp_path / name
+    shutil.copytree(ck.path, dst, ignore=shutil.ignore_patterns("__pycache__"))
+    src = (dst / rel).read_text()
+    assert src.count(old) == 1, f"{rel} 里找不到要改坏的那一行：{old!r}"
+    (dst / rel).write_text(src.replace(old, new))
+    return dst / ck.entry
+
+
+def test_skeleton_without_post_attention_norm_is_caught(tmp_path, tiny_models):
+    entry = _broken_copy(tmp_path, "step0_skeleton", "skeleton.py",
+                         'h = rms_norm(x, W[p + "post_attention_layernorm.weight"])', "h = x")
+    failures = parity_failures(entry, tiny_models["qwen3-tied"], PROMPTS[:2], TINY_NEW_TOKENS, in_process=False)
+    assert failures, "跳过了一个 norm，测试却没发现"
+    report = failures[0]
+    for must in ["第一次分叉", "HF", "top-5", "max |Δ logit|"]:
+        assert must in report, report

@@ -1,0 +1,48 @@
+"""mkdocs 钩子：章节页里的 "本章改了什么" 在构建时从检查点现算，永远不会过时。
+
+页面里写一行  {{ chapter_diff("ch2_ops") }}  ，构建时换成：新增 / 删除的文件清单，以及每个修改过的文件
+相对上一个检查点的 unified diff。
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from tests.harness.course import checkpoint_files, load_manifest  # noqa: E402
+
+PATTERN = re.compile(r"\{\{\s*chapter_diff\(\"([\w]+)\"\)\s*\}\}")
+
+
+def chapter_diff(name: str) -> str:
+    manifest = load_manifest()
+    names = [c.name for c in manifest]
+    if name not in names or names.index(name) == 0:
+        raise ValueError(f"chapter_diff({name!r})：清单里没有这个检查点，或者它没有上一个检查点")
+    cur = manifest[names.index(name)]
+    prev = manifest[names.index(name) - 1]
+    a, b = checkpoint_files(prev.path), checkpoint_files(cur.path)
+    added = [f for f in cur.changes if f not in a]
+    removed = [f for f in cur.changes if f not in b]
+    out = [f"相对 `{prev.name}`：新增 {len(added)} 个文件，删除 {len(removed)} 个，"
+           f"修改 {len(cur.changes) - len(added) - len(removed)} 个；其余文件逐字节相同（测试保证）。", ""]
+    for f in added:
+        out.append(f"- 新增 `{name}/{f}`（{b[f].decode().count(chr(10))} 行）")
+    for f in removed:
+        out.append(f"- 删除 `{prev.name}/{f}`")
+    for f in cur.changes:
+        if f in a and f in b:
+            diff = difflib.unified_diff(a[f].decode().splitlines(), b[f].decode().splitlines(),
+                                        f"{prev.name}/{f}", f"{name}/{f}", lineterm="", n=2)
+            out += ["", f'??? note "修改 `{f}`"', "", "    ```diff"]
+            out += [f"    {line}" for line in diff]
+            out.append("    ```")
+    return "\n".join(out)
+
+
+def on_page_markdown(markdown: str, page, config, files) -> str:
+    return PATTERN.sub(lambda m: chapter_diff(m.group(1)), markdown)

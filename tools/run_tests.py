@@ -1,0 +1,83 @@
+"""一次跑完全部测试：仓库级测试 + 每个检查点各一个 pytest 进程（它们都有一个叫 minisgl 的包）+ 文档构建。
+
+    python tools/run_tests.py                  # 全部
+    python tools/run_tests.py ch3              # 只测一个检查点（含第 1~3 章的累积测试）
+    python tools/run_tests.py my_ch3 --as ch3  # 读者自己的目录
+    python tools/run_tests.py --real           # 另加真权重一档
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tools"))
+from tests.harness.course import load_manifest  # noqa: E402
+
+COUNT = re.compile(r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed)")
+
+
+def _job(name: str, cmd: list[str], env: dict) -> tuple[str, int, str, float]:
+    t0 = time.perf_counter()
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
+    return name, res.returncode, res.stdout + res.stderr, time.perf_counter() - t0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("checkpoint", nargs="?", help="只测这一个检查点（名字、chN 或目录）")
+    ap.add_argument("--as", dest="as_chapter")
+    ap.add_argument("--real", action="store_true", help="另跑真权重一档")
+    ap.add_argument("--no-docs", action="store_true", help="不构建文档")
+    ap.add_argument("-j", "--jobs", type=int, default=max(1, min(2, os.cpu_count() or 1)))
+    args, extra = ap.parse_known_args()
+
+    from make_tiny_models import make_all
+
+    make_all()  # 先写好小模型，免得几个 pytest 进程同时去写
+    pytest = [sys.executable, "-m", "pytest", "tests", "-q", "-p", "no:cacheprovider", *extra]
+    if args.real:
+        pytest.append("--real")
+    jobs = []
+    if args.checkpoint:
+        jobs.append((args.checkpoint, pytest + ["--checkpoint", args.checkpoint]
+                     + (["--as", args.as_chapter] if args.as_chapter else [])))
+    else:
+        jobs.append(("仓库级", pytest))
+        jobs += [(c.name, pytest + ["--checkpoint", c.name]) for c in load_manifest()]
+        if not args.no_docs:
+            jobs.append(("文档", [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir",
+                                  str(ROOT / ".cache" / "site")]))
+    env = dict(os.environ)
+    if args.jobs > 1:
+        env.setdefault("OMP_NUM_THREADS", "1")  # 几个进程并行时各用一个线程，别互相抢核
+    passed = failed = 0
+    with ThreadPoolExecutor(args.jobs) as pool:
+        for name, rc, out, secs in pool.map(lambda j: _job(*j, env), jobs):
+            counts = {k.rstrip("s"): int(n) for n, k in COUNT.findall(out.strip().splitlines()[-1] if out.strip() else "")}
+            if name == "文档":
+                ok = rc == 0
+                passed, failed = passed + ok, failed + (not ok)
+                print(f"{'通过' if ok else '失败'}  {name}: mkdocs build --strict（{secs:.0f} s）")
+            else:
+                p, f = counts.get("passed", 0), counts.get("failed", 0) + counts.get("error", 0)
+                if rc != 0 and f == 0:
+                    f = 1  # 收集错误、退出码 5（没有测试）等也算失败
+                passed, failed = passed + p, failed + f
+                print(f"{'通过' if f == 0 else '失败'}  {name}: {p} passed, {f} failed（{secs:.0f} s）")
+            if rc != 0:
+                print(out[-20000:])
+    print(f"{passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
