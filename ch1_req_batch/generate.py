@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import time
+from types import ModuleType
 
 import torch
 from safetensors.torch import save_file
@@ -42,7 +43,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def forward_batch(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+def forward_batch(model: ModuleType, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
     """引擎这一边：前向、complete_one、贪心取 token。返回 (next_tokens (bs,) int32, logits (bs, vocab))。"""
     with get_global_ctx().forward_batch(batch):
         logits = model.forward()
@@ -51,25 +52,26 @@ def forward_batch(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
     return logits.argmax(dim=-1).int(), logits
 
 
-def step(reqs: list[Req], phase: str) -> tuple[list[int], torch.Tensor]:
+def step(model: ModuleType, reqs: list[Req], phase: str) -> tuple[list[int], torch.Tensor]:
     """调用方这一边：把 batch 的字段填好（阶段二由调度器来做），前向，再把新 token 写回每个请求。"""
     batch = Batch(reqs=reqs, phase=phase)
     batch.padded_reqs = reqs
     batch.input_ids = torch.cat([r.input_ids[r.cached_len:r.device_len] for r in reqs])
     batch.positions = torch.cat([torch.arange(r.cached_len, r.device_len) for r in reqs]).int()
-    next_tokens, logits = forward_batch(batch)
+    next_tokens, logits = forward_batch(model, batch)
     for i, r in enumerate(reqs):
         r.append_host(next_tokens[i:i + 1])
     return next_tokens.tolist(), logits
 
 
-def generate(prompt_ids: list[list[int]], n: int) -> tuple[list[list[int]], list[torch.Tensor]]:
+def generate(model: ModuleType, prompt_ids: list[list[int]], n: int
+             ) -> tuple[list[list[int]], list[torch.Tensor]]:
     """所有请求一起 prefill，再一起 decode n-1 步。返回每个请求的 n 个 token 和每一步的 logits。"""
     reqs = [Req(input_ids=torch.tensor(ids, dtype=torch.int32), table_idx=i, cached_len=0, output_len=n, uid=i,
                 sampling_params=SamplingParams(max_tokens=n), cache_handle=None) for i, ids in enumerate(prompt_ids)]
     outs, logits_seen = [[] for _ in reqs], []
     for phase in ["prefill"] + ["decode"] * (n - 1):
-        tokens, logits = step(reqs, phase)
+        tokens, logits = step(model, reqs, phase)
         for out, t in zip(outs, tokens):
             out.append(t)
         logits_seen.append(logits)
@@ -86,7 +88,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         with torch.inference_mode():
             t0 = time.perf_counter()
-            outs, logits = generate([tok(p).input_ids for p in args.prompt], args.max_new_tokens)
+            outs, logits = generate(model, [tok(p).input_ids for p in args.prompt], args.max_new_tokens)
             seconds = time.perf_counter() - t0
     finally:
         reset_global_ctx()
