@@ -49,13 +49,13 @@ class RotaryEmbedding(StateLessOP):
         if rotary_dim != head_size:
             raise ValueError(f"只支持整头旋转：rotary_dim({rotary_dim}) != head_size({head_size})")
         rope_type = (scaling or {}).get("rope_type", "default")
-        inv_freq = _default_inv_freq(rotary_dim, base)
-        if rope_type == "llama3":
-            inv_freq = _llama3_inv_freq(inv_freq, scaling)
-        elif rope_type != "default":
+        if rope_type not in ("default", "llama3"):
             raise ValueError(f"不支持的 RoPE 缩放 rope_type={rope_type!r}（支持 default、llama3）")
         self.head_size = head_size
         with torch.device("cpu"):  # 模型可能在 meta 设备上构造；这张表是算出来的，不从检查点加载
+            inv_freq = _default_inv_freq(rotary_dim, base)
+            if rope_type == "llama3":
+                inv_freq = _llama3_inv_freq(inv_freq, scaling)
             freqs = torch.outer(torch.arange(max_position_embeddings, dtype=torch.float32), inv_freq)
             self._cos_sin_cache = torch.cat([freqs.cos(), freqs.sin()], dim=-1)  # (max_pos, D) fp32
 
