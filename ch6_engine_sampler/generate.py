@@ -1,0 +1,155 @@
+"""第 6 章的生成入口：模型、KV 池、page table、注意力后端和采样器都由 Engine 按顺序建好；这里只剩调度器的活。
+
+    python generate.py --model DIR --prompt TEXT [--prompt TEXT ...] --max-new-tokens N [--page-size P] [--json]
+
+每一步调用方手工做阶段二调度器的活：给请求分页、写 page table、算出 out_loc，从 token pool 取 input_ids，
+然后 engine.forward_batch(batch, engine.sampler.prepare(batch))。默认贪心；--temperature/--top-k/--top-p 按请求采样。
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from dataclasses import dataclass
+
+import torch
+from safetensors.torch import save_file
+from transformers import AutoTokenizer
+
+from minisgl.core import Batch, Req, SamplingParams
+from minisgl.distributed import DistributedInfo
+from minisgl.engine import Engine, EngineConfig
+from minisgl.utils import div_ceil
+
+PAGED = True  # 从本章起有分页 KV
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="models/Qwen3-0.6B", help="Hugging Face 格式的模型目录")
+    ap.add_argument("--prompt", action="append", help="可以给多次；默认一个英文句子")
+    ap.add_argument("--max-new-tokens", type=int, default=16)
+    ap.add_argument("--page-size", type=int, default=1)
+    ap.add_argument("--json", action="store_true", help="最后一行输出 {\"outputs\": [[token id...], ...]}")
+    ap.add_argument("--dump-logits", help="把每一步的 logits 存成 safetensors（测试报告不一致时用）")
+    ap.add_argument("--num-pages", type=int, help="KV 池的页数；默认正好够用")
+    ap.add_argument("--max-seq-len", type=int, help="page table 一行最多几个位置；默认最长提示词 + 生成长度")
+    ap.add_argument("--attention-backend", default="auto", help="注意力后端：auto、torch、fi、fa，或 \"prefill,decode\"")
+    ap.add_argument("--temperature", type=float, default=0.0, help="0 表示贪心")
+    ap.add_argument("--top-k", type=int, default=-1)
+    ap.add_argument("--top-p", type=float, default=1.0)
+    ap.add_argument("--seed", type=int, default=0, help="采样的随机种子：同一个种子，同样的输出")
+    args = ap.parse_args(argv)
+    args.prompt = args.prompt or ["The capital of France is"]
+    if not PAGED and args.page_size != 1:
+        ap.error(f"--page-size {args.page_size}：这一章还没有分页 KV，只能是 1（分页 KV 从第 4 章开始）")
+    if args.page_size < 1 or args.max_new_tokens < 1:
+        ap.error("--page-size 和 --max-new-tokens 都必须是正整数")
+    if not os.path.isfile(os.path.join(args.model, "config.json")):
+        ap.error(f"--model {args.model}：找不到 {os.path.join(args.model, 'config.json')}")
+    return args
+
+
+@dataclass
+class Slots:
+    """阶段二调度器管的两样东西，这里手工管：还没用的 KV 页，以及每个请求每个位置的 token（token pool）。"""
+
+    free_pages: list[int]
+    token_pool: torch.Tensor  # 和 page table 同形状：token_pool[行, 位置] = 那个位置的 token id
+
+
+def allocate(engine: Engine, req: Req, slots: Slots) -> None:
+    """给 req 这一步要写 KV 的位置 [cached_len, device_len) 配上槽位：一页用完才拿下一页。
+    空闲页从尾部拿，几个请求交替增长，拿到的页自然不连续——page table 才真的有用。"""
+    page_table, ps = engine.page_table, engine.config.page_size
+    width = engine.max_seq_len
+    if req.device_len > width:
+        raise ValueError(f"请求 {req.uid} 需要 {req.device_len} 个位置，page table 一行只有 {width} 个（--max-seq-len）")
+    for page_idx in range(div_ceil(req.cached_len, ps), div_ceil(req.device_len, ps)):
+        if not slots.free_pages:
+            raise RuntimeError(f"KV 池的页用完了：请求 {req.uid} 还需要它的第 {page_idx} 页（--num-pages）")
+        page = slots.free_pages.pop()
+        page_table[req.table_idx, page_idx * ps:(page_idx + 1) * ps] = torch.arange(page * ps, (page + 1) * ps)
+
+
+def step(engine: Engine, reqs: list[Req], phase: str, slots: Slots) -> list[int]:
+    """调用方这一边：把 batch 的字段填好（阶段二由调度器来做），前向 + 采样，再把新 token 写回每个请求。"""
+    batch = Batch(reqs=reqs, phase=phase)
+    engine.graph_runner.pad_batch(batch)
+    for r in reqs:
+        allocate(engine, r, slots)
+    batch.positions = torch.cat([torch.arange(r.cached_len, r.device_len) for r in batch.padded_reqs]).int()
+    rows = torch.cat([torch.full((r.extend_len,), r.table_idx) for r in batch.padded_reqs])
+    batch.out_loc = engine.page_table[rows, batch.positions.long()]  # 每个新 token 的 KV 写到哪个槽位
+    batch.input_ids = slots.token_pool[rows, batch.positions.long()]
+    engine.attn_backend.prepare_metadata(batch)  # 每个 batch 一次，各层共用；要在 page table 写好之后
+    out = engine.forward_batch(batch, engine.sampler.prepare(batch))
+    out.copy_done_event.synchronize()
+    for i, r in enumerate(reqs):
+        r.append_host(out.next_tokens_cpu[i:i + 1])
+        slots.token_pool[r.table_idx, r.device_len - 1] = out.next_tokens_gpu[i]
+    return out.next_tokens_cpu.tolist()
+
+
+def generate(engine: Engine, prompt_ids: list[list[int]], params: SamplingParams) -> list[list[int]]:
+    """所有请求一起 prefill，再一起 decode；每个请求正好 params.max_tokens 个 token。"""
+    slots = Slots(free_pages=list(range(engine.num_pages)), token_pool=torch.zeros_like(engine.page_table))
+    reqs = [Req(input_ids=torch.tensor(ids, dtype=torch.int32), table_idx=i, cached_len=0,
+                output_len=params.max_tokens, uid=i, sampling_params=params, cache_handle=None)
+            for i, ids in enumerate(prompt_ids)]
+    for r in reqs:
+        slots.token_pool[r.table_idx, :r.device_len] = r.input_ids
+    outs = [[] for _ in reqs]
+    for phase in ["prefill"] + ["decode"] * (params.max_tokens - 1):
+        for out, t in zip(outs, step(engine, reqs, phase, slots)):
+            out.append(t)
+    return outs
+
+
+def record_logits(engine: Engine) -> list[torch.Tensor]:
+    """只给 --dump-logits 用：包一层 sampler.sample，记下每一步交给采样器的 logits。"""
+    seen, sample = [], engine.sampler.sample
+
+    def recording_sample(logits: torch.Tensor, args):
+        seen.append(logits.float().cpu().clone())
+        return sample(logits, args)
+
+    engine.sampler.sample = recording_sample
+    return seen
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    tok = AutoTokenizer.from_pretrained(args.model)
+    prompt_ids, n, ps = [tok(p).input_ids for p in args.prompt], args.max_new_tokens, args.page_size
+    # 每个请求最多写 len + n - 1 个位置的 KV（最后采出的那个 token 不再前向），按页向上取整
+    num_pages = args.num_pages or sum(div_ceil(len(ids) + n - 1, ps) for ids in prompt_ids)
+    engine = Engine(EngineConfig(model_path=args.model, tp_info=DistributedInfo(0, 1), dtype=torch.float32,
+                                 max_running_req=len(prompt_ids), attention_backend=args.attention_backend,
+                                 page_size=ps, num_page_override=num_pages,
+                                 max_seq_len_override=args.max_seq_len or max(map(len, prompt_ids)) + n))
+    try:
+        logits = record_logits(engine) if args.dump_logits else []
+        params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, max_tokens=n)
+        torch.manual_seed(args.seed)
+        with torch.inference_mode():
+            t0 = time.perf_counter()
+            outs = generate(engine, prompt_ids, params)
+            seconds = time.perf_counter() - t0
+    finally:
+        engine.shutdown()
+    if args.dump_logits:
+        save_file({f"p{i}": torch.stack([lg[i] for lg in logits]) for i in range(len(outs))}, args.dump_logits)
+    if args.json:
+        print(json.dumps({"outputs": outs}))
+        return
+    for p, out in zip(args.prompt, outs):
+        print(f"{p!r} -> {tok.decode(out)!r}")
+    total = sum(len(o) for o in outs)
+    print(f"{total} tokens，{total / seconds:.1f} tokens/s（{len(outs)} 个请求一个 batch，含 prefill）")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,42 @@
+"""可插拔的注意力后端：按名字登记，"p,d" 形式表示 prefill 和 decode 各用一个。"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Callable, Dict
+
+from minisgl.models import ModelConfig
+
+from .base import BaseAttnBackend, BaseAttnMetadata, HybridBackend
+from .gpu import create_gpu_backend
+from .torch_backend import TorchAttnMetadata, TorchBackend
+
+BackendCreator = Callable[[ModelConfig], BaseAttnBackend]
+SUPPORTED_ATTENTION_BACKENDS: Dict[str, BackendCreator] = {
+    "torch": TorchBackend,
+    "fi": partial(create_gpu_backend, "fi"),
+    "fa": partial(create_gpu_backend, "fa"),
+}
+
+
+def validate_attn_backend(backend: str, allow_auto: bool = True) -> str:
+    names = backend.split(",")
+    if backend == "auto" and allow_auto:
+        return backend
+    unknown = [n for n in names if n not in SUPPORTED_ATTENTION_BACKENDS]
+    if len(names) > 2 or unknown or not all(names):
+        raise ValueError(f"不认识的注意力后端 {backend!r}：可选 {', '.join(SUPPORTED_ATTENTION_BACKENDS)}，"
+                         f"或者 \"prefill,decode\" 两个名字用一个逗号连起来")
+    return backend
+
+
+def create_attention_backend(backend: str, config: ModelConfig) -> BaseAttnBackend:
+    """创建前要先设好 ctx.kv_cache：后端在构造时拿到 KV 池。"""
+    names = validate_attn_backend(backend, allow_auto=False).split(",")
+    if len(names) == 2 and names[0] != names[1]:
+        return HybridBackend(SUPPORTED_ATTENTION_BACKENDS[names[0]](config), SUPPORTED_ATTENTION_BACKENDS[names[1]](config))
+    return SUPPORTED_ATTENTION_BACKENDS[names[0]](config)
+
+
+__all__ = ["BaseAttnBackend", "BaseAttnMetadata", "HybridBackend", "TorchBackend", "TorchAttnMetadata",
+           "SUPPORTED_ATTENTION_BACKENDS", "validate_attn_backend", "create_attention_backend"]

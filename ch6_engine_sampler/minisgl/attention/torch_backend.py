@@ -1,0 +1,79 @@
+"""纯 PyTorch 的注意力后端：其他后端都以它为参照。CPU 上用它，有 GPU 时它在 CUDA 上也能跑。
+
+支持变长 batch（每个请求新 token 数不同）、分页 KV（按 page table 的槽位读历史）、前缀复用（cached_len > 0
+的 prefill 接在已缓存的历史后面，因果掩码右下角对齐）和 GQA。和官方的 FlashInfer 后端一样把每个 token 当成
+一页：page table 存的本来就是原始槽位，所以任何 page_size 都不用特殊处理。
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Tuple
+
+import torch
+
+from minisgl.core import Batch, get_global_ctx
+from minisgl.distributed import get_tp_info
+from minisgl.models import ModelConfig
+from minisgl.utils import div_even
+
+from .base import BaseAttnBackend, BaseAttnMetadata
+
+
+@dataclass
+class TorchAttnMetadata(BaseAttnMetadata):
+    cu_seqlens_q: torch.Tensor  # (padded_bs + 1,) int32：每个请求新 token 在这一步输入里的起止
+    cu_seqlens_k: torch.Tensor  # (padded_bs + 1,) int32：每个请求全部历史在 indices 里的起止
+    indices: torch.Tensor  # (Σ device_len,) 每个请求全部历史的 KV 槽位，首尾相接
+    seqs: List[Tuple[int, int, int, int, int]]  # 每个请求 (q 起, q 止, k 起, k 止, cached_len)，切片用的 Python 整数
+
+    def get_last_indices(self, bs: int) -> torch.Tensor:
+        return self.cu_seqlens_q[1:1 + bs] - 1
+
+
+def _cumsum(lengths: List[int], device: torch.device) -> torch.Tensor:
+    return torch.tensor([0] + lengths, dtype=torch.int32, device=device).cumsum(0, dtype=torch.int32)
+
+
+class TorchBackend(BaseAttnBackend):
+    def __init__(self, config: ModelConfig) -> None:
+        tp = get_tp_info().size
+        self.kvcache = get_global_ctx().kv_cache  # 所以要先设好 ctx.kv_cache，再建后端
+        self.num_qo_heads = div_even(config.num_qo_heads, tp)
+        self.num_kv_heads = div_even(config.num_kv_heads, tp, allow_replicate=True)
+        self.head_dim = config.head_dim
+        self.scale = config.head_dim ** -0.5
+
+    def prepare_metadata(self, batch: Batch) -> None:
+        ctx, reqs = get_global_ctx(), batch.padded_reqs
+        page_table, device = ctx.page_table, ctx.page_table.device
+        cu_q, cu_k = _cumsum([r.extend_len for r in reqs], device), _cumsum([r.device_len for r in reqs], device)
+        q_bounds, k_bounds = cu_q.tolist(), cu_k.tolist()
+        batch.attn_metadata = TorchAttnMetadata(
+            cu_seqlens_q=cu_q,
+            cu_seqlens_k=cu_k,
+            indices=torch.cat([page_table[r.table_idx, :r.device_len] for r in reqs]),
+            seqs=[(q_bounds[i], q_bounds[i + 1], k_bounds[i], k_bounds[i + 1], r.cached_len)
+                  for i, r in enumerate(reqs)],
+        )
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch) -> torch.Tensor:
+        meta: TorchAttnMetadata = batch.attn_metadata
+        self.kvcache.store_kv(k, v, batch.out_loc, layer_id)  # 先写：新 token 也要看见自己
+        kv_shape = (-1, self.num_kv_heads, self.head_dim)
+        k_all = self.kvcache.k_cache(layer_id).view(kv_shape)[meta.indices.long()]  # 一次取出整个 batch 的历史
+        v_all = self.kvcache.v_cache(layer_id).view(kv_shape)[meta.indices.long()]
+        out = torch.empty_like(q)
+        for q0, q1, k0, k1, cached_len in meta.seqs:
+            out[q0:q1] = self._attend(q[q0:q1], k_all[k0:k1], v_all[k0:k1], cached_len)
+        return out
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cached_len: int) -> torch.Tensor:
+        """一个请求。q: (n_q, H_q, D) 是位置 [cached_len, cached_len + n_q)；k, v: (n_k, H_kv, D) 是位置 [0, n_k)。"""
+        groups = self.num_qo_heads // self.num_kv_heads
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)  # GQA：kv 头复制给 q 头
+        s = torch.einsum("qhd,khd->hqk", q, k) * self.scale
+        q_pos = torch.arange(cached_len, cached_len + q.shape[0], device=q.device)
+        future = torch.arange(k.shape[0], device=q.device)[None, :] > q_pos[:, None]  # 右下角对齐的因果掩码
+        s = s.masked_fill(future, float("-inf"))
+        return torch.einsum("hqk,khd->qhd", s.softmax(-1, dtype=torch.float32).to(v.dtype), v)

@@ -1,0 +1,154 @@
+"""请求、批次和全局上下文：引擎里每个模块都从这里读"当前在算什么"。
+
+字段名和含义与官方 mini-sglang 的 core.py 一致。后面几章才用到的字段（out_loc、page_table、
+attn_backend、attn_metadata …）在这里先声明，这样本文件从第 1 章到第 6 章保持不变。
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Iterator, List, Literal
+
+import torch
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 0.0
+    top_k: int = -1
+    top_p: float = 1.0
+    ignore_eos: bool = False
+    max_tokens: int = 1024
+
+    @property
+    def is_greedy(self) -> bool:
+        return (self.temperature <= 0.0 or self.top_k == 1) and self.top_p == 1.0
+
+
+@dataclass(eq=False)  # 按对象身份哈希：调度器会把请求放进 set
+class Req:
+    """一个请求。三个长度字段描述它的 KV 走到了哪里：
+
+    - cached_len：位置 [0, cached_len) 的 KV 已经在缓存里；
+    - device_len：已经存在的 token 数；这次前向要为 [cached_len, device_len) 写 KV；
+    - max_device_len：提示词长度 + 最多生成的 token 数，device_len 的上限。
+    """
+
+    input_ids: torch.Tensor  # CPU 上的 int32 一维张量，随 append_host 变长
+    table_idx: int  # 在 page table（以及 token pool）里的行号
+    cached_len: int
+    output_len: int
+    uid: int
+    sampling_params: SamplingParams | None
+    cache_handle: Any  # 前缀缓存的句柄：阶段二才用，引擎不碰它
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.input_ids, torch.Tensor) and self.input_ids.dim() == 1 and self.input_ids.is_cpu):
+            raise ValueError(f"Req(uid={self.uid}): input_ids 必须是 CPU 上的一维张量")
+        self.device_len = len(self.input_ids)
+        self.max_device_len = len(self.input_ids) + self.output_len
+        if not 0 <= self.cached_len < self.device_len <= self.max_device_len:
+            raise ValueError(f"Req(uid={self.uid}): 需要 0 <= cached_len({self.cached_len}) < "
+                             f"device_len({self.device_len}) <= max_device_len({self.max_device_len})")
+
+    @property
+    def extend_len(self) -> int:
+        """这次前向要喂进去的 token 数：prefill 时是整段提示词，decode 时是 1。"""
+        return self.device_len - self.cached_len
+
+    @property
+    def remain_len(self) -> int:
+        return self.max_device_len - self.device_len
+
+    @property
+    def can_decode(self) -> bool:
+        return self.remain_len > 0
+
+    def complete_one(self) -> None:
+        """引擎在一次前向之后调用：这次的 KV 已写好，并且又采样出了一个 token（还不在 input_ids 里）。"""
+        self.cached_len = self.device_len
+        self.device_len += 1
+
+    def append_host(self, next_token: torch.Tensor) -> None:
+        """调用方（阶段二是调度器）把采样出的 token 接到 input_ids 后面，形状 (1,)。"""
+        self.input_ids = torch.cat([self.input_ids, next_token.to(self.input_ids.dtype)])
+
+    def __repr__(self) -> str:
+        return (f"Req(uid={self.uid}, table_idx={self.table_idx}, cached_len={self.cached_len}, "
+                f"device_len={self.device_len}, max_device_len={self.max_device_len})")
+
+
+@dataclass
+class Batch:
+    reqs: List[Req]
+    phase: Literal["prefill", "decode"]
+    # 以下由调用方在前向之前填好（阶段二由调度器填）；N = 各请求 extend_len 之和
+    input_ids: torch.Tensor = field(init=False)  # (N,) int32
+    positions: torch.Tensor = field(init=False)  # (N,) int32
+    out_loc: torch.Tensor = field(init=False)  # (N,) int32，每个新 token 的 KV 写到哪个槽位（第 4 章起）
+    padded_reqs: List[Req] = field(init=False)  # reqs + 凑批用的假请求（第 6 章的 pad_batch）
+    attn_metadata: Any = field(init=False)  # 注意力后端的元数据（第 5 章起）
+
+    @property
+    def is_prefill(self) -> bool:
+        return self.phase == "prefill"
+
+    @property
+    def is_decode(self) -> bool:
+        return self.phase == "decode"
+
+    @property
+    def size(self) -> int:
+        return len(self.reqs)
+
+    @property
+    def padded_size(self) -> int:
+        return len(self.padded_reqs)
+
+
+@dataclass
+class Context:
+    page_size: int
+    page_table: torch.Tensor = field(init=False)  # (请求行数, 最大长度) int32，存的是原始 token 槽位（第 4 章起）
+    attn_backend: Any = field(init=False)  # 第 5 章起
+    kv_cache: Any = field(init=False)  # 第 1~3 章是朴素的 KV 列表，第 4 章起是预分配的 KV 池
+    _batch: Batch | None = field(default=None, init=False)
+
+    @property
+    def batch(self) -> Batch:
+        if self._batch is None:
+            raise RuntimeError("当前没有正在前向的 batch：只能在 ctx.forward_batch(batch) 里面读 ctx.batch")
+        return self._batch
+
+    @contextmanager
+    def forward_batch(self, batch: Batch) -> Iterator[None]:
+        if self._batch is not None:
+            raise RuntimeError("ctx.forward_batch 不能嵌套：上一个 batch 的前向还没结束")
+        self._batch = batch
+        try:
+            yield
+        finally:
+            self._batch = None
+
+
+_GLOBAL_CTX: Context | None = None
+
+
+def set_global_ctx(ctx: Context) -> None:
+    global _GLOBAL_CTX
+    if _GLOBAL_CTX is not None:
+        raise RuntimeError("全局 Context 已经设置过了；要换一个先调用 reset_global_ctx()")
+    _GLOBAL_CTX = ctx
+
+
+def get_global_ctx() -> Context:
+    if _GLOBAL_CTX is None:
+        raise RuntimeError("全局 Context 还没有设置：先 set_global_ctx(Context(page_size))")
+    return _GLOBAL_CTX
+
+
+def reset_global_ctx() -> None:
+    """官方没有这个函数（一个进程只建一个引擎）；课程的测试要在一个进程里反复建，所以加上。"""
+    global _GLOBAL_CTX
+    _GLOBAL_CTX = None

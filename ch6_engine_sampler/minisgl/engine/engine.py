@@ -1,0 +1,139 @@
+"""Engine：按正确的顺序把前面五章的东西装起来，然后只做一件事——给一个填好的 Batch，返回每个请求的下一个 token。
+
+初始化顺序与官方一致：TP 身份 → 设备 → Context → 模型（meta 上构造、流式加载）→ KV 池（多一页给假请求）
+→ page table（多一行给假请求）→ 注意力后端（要在 KV 池之后）→ 采样器 → 假请求 → GraphRunner。
+CPU 上和官方不同的地方：没有 CUDA stream / event（copy_done_event 是一个立即完成的替身）；TP=1 时不建进程组；
+线程数由 Engine 自己设；shutdown() 会清掉全局状态，同一个进程里可以再建一个 Engine。
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import NamedTuple
+
+import torch
+
+from minisgl.attention import create_attention_backend
+from minisgl.core import Batch, Context, Req, reset_global_ctx, set_global_ctx
+from minisgl.distributed import reset_tp_info, set_tp_info
+from minisgl.kvcache import create_kvcache_pool
+from minisgl.models import create_model, load_weight
+from minisgl.utils import div_ceil, torch_dtype
+
+from .config import EngineConfig
+from .graph import GraphRunner
+from .sample import BatchSamplingArgs, Sampler
+
+
+class _CopyDone:
+    """CPU 上 token 已经在主存里了：给调用方一个和 torch.cuda.Event 一样能 synchronize() 的替身。"""
+
+    def synchronize(self) -> None:
+        pass
+
+
+class ForwardOutput(NamedTuple):
+    next_tokens_gpu: torch.Tensor  # (bs,) int32，在引擎的设备上
+    next_tokens_cpu: torch.Tensor  # (bs,) int32，在 CPU 上
+    copy_done_event: torch.cuda.Event | _CopyDone
+
+
+class Engine:
+    def __init__(self, config: EngineConfig) -> None:
+        if config.tp_info.size != 1:
+            raise NotImplementedError("阶段一的 Engine 只支持单卡（tp_info.size == 1）；算子的张量并行切法见第 2 章")
+        set_tp_info(config.tp_info.rank, config.tp_info.size)
+        try:
+            self._init(config)
+        except BaseException:  # 初始化失败也要清掉全局状态，否则这个进程再也建不了 Engine
+            reset_global_ctx()
+            reset_tp_info()
+            raise
+
+    def _init(self, config: EngineConfig) -> None:
+        if config.attention_backend == "auto":  # 官方按 GPU 架构选 fi / fa / trtllm；阶段一只有 torch
+            object.__setattr__(config, "attention_backend", "torch")
+        self.config = config
+        self.device = torch.device(f"cuda:{config.tp_info.rank}" if torch.cuda.is_available() else "cpu")
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        elif "OMP_NUM_THREADS" not in os.environ:  # decode 读权重是访存密集的：用上这台机器能用的所有核
+            torch.set_num_threads(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
+        torch.manual_seed(42)
+        self.dtype = config.dtype
+        self.ctx = Context(config.page_size)
+        set_global_ctx(self.ctx)
+
+        model_config = config.model_config
+        if config.max_seq_len > model_config.rotary_config.max_position:
+            raise ValueError(f"max_seq_len {config.max_seq_len} 超过了模型的 max_position_embeddings "
+                             f"{model_config.rotary_config.max_position}")
+        with torch.device("meta"), torch_dtype(config.dtype):
+            self.model = create_model(model_config)
+        self.model.load_state_dict(self._load_weight_state_dict(config))
+
+        self.num_pages = self._determine_num_pages(config)
+        self.ctx.kv_cache = self.kv_cache = create_kvcache_pool(
+            model_config, num_pages=self.num_pages + 1, page_size=config.page_size, dtype=self.dtype,
+            device=self.device)  # 最后一页留给假请求
+        num_tokens = self.num_pages * config.page_size
+        self.max_seq_len = min(config.max_seq_len, num_tokens)
+        align = math.lcm(32, config.page_size)
+        self.ctx.page_table = self.page_table = torch.zeros(
+            (config.max_running_req + 1, div_ceil(self.max_seq_len, align) * align), dtype=torch.int32,
+            device=self.device)  # 最后一行留给假请求
+        self.ctx.attn_backend = self.attn_backend = create_attention_backend(config.attention_backend, model_config)
+        self.sampler = Sampler(self.device, model_config.vocab_size)
+
+        self.dummy_req = Req(input_ids=torch.tensor([0], dtype=torch.int32), table_idx=config.max_running_req,
+                             cached_len=0, output_len=1, uid=-1, sampling_params=None, cache_handle=None)
+        self.page_table[config.max_running_req].fill_(num_tokens)  # 假请求的 KV 都写进假页
+        self.graph_runner = GraphRunner(self.device, self.attn_backend, config.cuda_graph_bs,
+                                        config.cuda_graph_max_bs, self.dummy_req)
+
+    def _load_weight_state_dict(self, config: EngineConfig) -> dict[str, torch.Tensor]:
+        if config.use_dummy_weight:
+            return {k: torch.randn(v.shape, dtype=v.dtype, device=self.device) for k, v in self.model.state_dict().items()}
+        return {k: v.to(self.dtype) for k, v in load_weight(config.model_path, self.model, self.device)}
+
+    def _determine_num_pages(self, config: EngineConfig) -> int:
+        mc = config.model_config
+        cache_per_page = 2 * mc.head_dim * mc.num_kv_heads * config.page_size * self.dtype.itemsize * mc.num_layers
+        useful = config.max_running_req * div_ceil(config.max_seq_len, config.page_size)  # 再多也用不上
+        if config.num_page_override is not None:
+            num_pages = config.num_page_override
+        elif self.device.type == "cuda":
+            num_pages = min(useful, int(config.memory_ratio * torch.cuda.mem_get_info(self.device)[0]) // cache_per_page)
+        elif hasattr(os, "sysconf") and "SC_AVPHYS_PAGES" in os.sysconf_names:
+            free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+            num_pages = min(useful, int(config.memory_ratio * free) // cache_per_page)
+        else:
+            raise RuntimeError("这台机器上查不到可用内存：请设置 EngineConfig.num_page_override")
+        if num_pages < 1:
+            raise RuntimeError(f"KV 池至少要 1 页，现在算出来是 {num_pages}（每页 {cache_per_page} 字节）")
+        return num_pages
+
+    def forward_batch(self, batch: Batch, args: BatchSamplingArgs) -> ForwardOutput:
+        """前向 → 每个真请求 complete_one → 采样。假请求只参与前向，不采样。"""
+        with self.ctx.forward_batch(batch):
+            if self.graph_runner.can_use_cuda_graph(batch):
+                logits = self.graph_runner.replay(batch)
+            else:
+                logits = self.model.forward()
+        for req in batch.reqs:
+            req.complete_one()
+        next_tokens_gpu = self.sampler.sample(logits[:batch.size], args).to(torch.int32)
+        next_tokens_cpu = next_tokens_gpu.to("cpu", non_blocking=self.device.type == "cuda")
+        if self.device.type == "cuda":
+            copy_done_event = torch.cuda.Event()
+            copy_done_event.record()
+        else:
+            copy_done_event = _CopyDone()
+        return ForwardOutput(next_tokens_gpu, next_tokens_cpu, copy_done_event)
+
+    def shutdown(self) -> None:
+        """释放图、清掉全局的 Context 和 TP 身份：之后同一个进程里可以再建一个 Engine。"""
+        self.graph_runner.destroy_cuda_graphs()
+        reset_global_ctx()
+        reset_tp_info()

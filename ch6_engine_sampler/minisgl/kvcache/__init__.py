@@ -1,0 +1,18 @@
+from __future__ import annotations
+
+import torch
+
+from minisgl.models import ModelConfig
+
+from .base import BaseKVCachePool
+from .mha_pool import MHAKVCache
+
+
+def create_kvcache_pool(model_config: ModelConfig, num_pages: int, page_size: int, dtype: torch.dtype,
+                        device: torch.device) -> BaseKVCachePool:
+    return MHAKVCache(num_kv_heads=model_config.num_kv_heads, num_layers=model_config.num_layers,
+                      head_dim=model_config.head_dim, num_pages=num_pages, page_size=page_size, dtype=dtype,
+                      device=device)
+
+
+__all__ = ["BaseKVCachePool", "MHAKVCache", "create_kvcache_pool"]

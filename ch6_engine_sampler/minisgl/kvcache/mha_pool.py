@@ -1,0 +1,50 @@
+"""预分配的 KV 池：一次分好 (2, 层数, 页数, page_size, kv 头数, head_dim)，之后只往里写新 token。
+
+第 0 步每一步都 torch.cat 把整段历史复制一遍；这里每个新 token 只写自己的槽位（out_loc），
+历史原地不动，由 page table 记着每个请求的每个位置在哪个槽位。
+"""
+
+from __future__ import annotations
+
+import torch
+
+from minisgl.distributed import get_tp_info
+from minisgl.utils import div_even
+
+from .base import BaseKVCachePool
+
+
+class MHAKVCache(BaseKVCachePool):
+    def __init__(self, num_kv_heads: int, num_layers: int, head_dim: int, num_pages: int, page_size: int,
+                 dtype: torch.dtype, device: torch.device) -> None:
+        self.local_kv_heads = div_even(num_kv_heads, get_tp_info().size, allow_replicate=True)
+        self.num_pages, self.page_size, self.head_dim = num_pages, page_size, head_dim
+        self._kv_buffer = torch.empty((2, num_layers, num_pages, page_size, self.local_kv_heads, head_dim),
+                                      dtype=dtype, device=device)
+        self._k_buffer, self._v_buffer = self._kv_buffer[0], self._kv_buffer[1]
+        self._storage_shape = (num_pages * page_size, self.local_kv_heads, head_dim)
+
+    def k_cache(self, index: int) -> torch.Tensor:
+        """第 index 层的 K，分页的视图：(num_pages, page_size, H_kv, D)。"""
+        return self._k_buffer[index]
+
+    def v_cache(self, index: int) -> torch.Tensor:
+        return self._v_buffer[index]
+
+    def store_kv(self, k: torch.Tensor, v: torch.Tensor, out_loc: torch.Tensor, layer_id: int) -> None:
+        """k, v: (N, H_kv·D) 或 (N, H_kv, D)；out_loc: (N,) 槽位。只写这 N 个槽位，不碰别的。"""
+        loc = out_loc.long()
+        self._k_buffer[layer_id].view(self._storage_shape)[loc] = k.reshape(-1, *self._storage_shape[1:])
+        self._v_buffer[layer_id].view(self._storage_shape)[loc] = v.reshape(-1, *self._storage_shape[1:])
+
+    @property
+    def device(self) -> torch.device:
+        return self._kv_buffer.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._kv_buffer.dtype
+
+    @property
+    def num_layers(self) -> int:
+        return self._kv_buffer.shape[1]

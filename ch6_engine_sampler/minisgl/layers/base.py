@@ -1,0 +1,94 @@
+"""算子层的基类：不用 nn.Module，参数就是普通的 torch.Tensor 属性。
+
+为什么不用 nn.Module：推理不需要 autograd、hooks 和参数注册；模型先在 meta 设备上"画"出形状，
+再由 load_state_dict 把真张量换进来，这样加载时不会先分配一份没用的随机权重。
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Generic, List, TypeVar
+
+import torch
+
+_STATE_DICT = Dict[str, torch.Tensor]
+
+
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
+
+
+class BaseOP:
+    """遍历 self.__dict__（按属性定义的顺序）：张量是参数，BaseOP 是子算子，
+    名字以 _ 开头的和其他东西（数字、函数、None）都不算。"""
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError
+
+    def shard(self, full: torch.Tensor, part: int = 0) -> torch.Tensor:
+        """完整的检查点张量 -> 本 rank 的那一份。默认不切（每个 rank 一份完整的，比如 norm 的权重）。
+        合并的层（qkv、gate_up）由 part 指明是第几块。"""
+        return full
+
+    def state_dict(self, *, prefix: str = "", result: _STATE_DICT | None = None) -> _STATE_DICT:
+        result = {} if result is None else result
+        for name, value in self.__dict__.items():
+            if name.startswith("_"):
+                continue
+            if isinstance(value, torch.Tensor):
+                result[_join(prefix, name)] = value
+            elif isinstance(value, BaseOP):
+                value.state_dict(prefix=_join(prefix, name), result=result)
+        return result
+
+    def load_state_dict(self, state_dict: _STATE_DICT, *, prefix: str = "", _internal: bool = False) -> None:
+        """从 state_dict 里取走（pop）自己的键，核对形状和 dtype，再把张量直接设成参数（不拷贝）。
+        最外层调用结束时 state_dict 里还有剩余的键就报错：多出来的权重说明模型和检查点对不上。"""
+        for name, param in self.__dict__.items():
+            if name.startswith("_"):
+                continue
+            key = _join(prefix, name)
+            if isinstance(param, torch.Tensor):
+                if key not in state_dict:
+                    raise KeyError(f"state_dict 里缺少 {key}（形状 {tuple(param.shape)}）")
+                item = state_dict.pop(key)
+                if item.shape != param.shape or item.dtype != param.dtype:
+                    raise ValueError(f"{key}: 期望 {tuple(param.shape)} {param.dtype}，"
+                                     f"得到 {tuple(item.shape)} {item.dtype}")
+                setattr(self, name, item)
+            elif isinstance(param, BaseOP):
+                param.load_state_dict(state_dict, prefix=key, _internal=True)
+        if not _internal and state_dict:
+            raise RuntimeError(f"state_dict 里有模型用不到的键：{sorted(state_dict)}")
+
+
+class StateLessOP(BaseOP):
+    """没有参数的算子（比如 RoPE、注意力）：state_dict 为空，load 时只检查有没有多余的键。"""
+
+    def state_dict(self, *, prefix: str = "", result: _STATE_DICT | None = None) -> _STATE_DICT:
+        return {} if result is None else result
+
+    def load_state_dict(self, state_dict: _STATE_DICT, *, prefix: str = "", _internal: bool = False) -> None:
+        if not _internal and state_dict:
+            raise RuntimeError(f"state_dict 里有模型用不到的键：{sorted(state_dict)}")
+
+
+T = TypeVar("T", bound=BaseOP)
+
+
+class OPList(BaseOP, Generic[T]):
+    """一串同类算子（比如各个 decoder 层），键名是 {prefix}.{i}.…"""
+
+    def __init__(self, ops: List[T]) -> None:
+        self.op_list = ops
+
+    def state_dict(self, *, prefix: str = "", result: _STATE_DICT | None = None) -> _STATE_DICT:
+        result = {} if result is None else result
+        for i, op in enumerate(self.op_list):
+            op.state_dict(prefix=_join(prefix, str(i)), result=result)
+        return result
+
+    def load_state_dict(self, state_dict: _STATE_DICT, *, prefix: str = "", _internal: bool = False) -> None:
+        for i, op in enumerate(self.op_list):
+            op.load_state_dict(state_dict, prefix=_join(prefix, str(i)), _internal=True)
+        if not _internal and state_dict:
+            raise RuntimeError(f"state_dict 里有模型用不到的键：{sorted(state_dict)}")

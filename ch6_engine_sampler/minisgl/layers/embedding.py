@@ -1,0 +1,80 @@
+"""词嵌入和 LM head，按词表切（词表并行）。
+
+形状约定（tp 份中的一份，V_tp = ceil(V / tp)）：
+- VocabParallelEmbedding: weight (V_tp, D)；ids (N,) -> (N, D)。不归自己管的 id 查出 0，各份求和。
+- ParallelLMHead:         weight (V_tp, D)；x (N, D) -> logits (bs, V)。prefill 时只有每个请求的最后一个 token
+  进 LM head（其余位置的 logits 没人要）；各份的 logits 沿词表拼接（all-gather）。
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from minisgl.core import get_global_ctx
+from minisgl.distributed import DistributedCommunicator, get_tp_info
+from minisgl.utils import div_ceil
+
+from .base import _STATE_DICT, BaseOP
+
+
+class VocabParallelEmbedding(BaseOP):
+    def __init__(self, num_embeddings: int, embedding_dim: int) -> None:
+        tp = get_tp_info()
+        self._rank, self._tp = tp.rank, tp.size
+        self.num_embeddings = num_embeddings
+        self.num_embeddings_tp = div_ceil(num_embeddings, tp.size)
+        start = self.num_embeddings_tp * tp.rank
+        self.vocab_range = (start, min(start + self.num_embeddings_tp, num_embeddings) - start)  # (起点, 长度)
+        self.weight = torch.empty(self.num_embeddings_tp, embedding_dim)
+        self._comm = DistributedCommunicator()
+
+    def shard(self, full: torch.Tensor, part: int = 0) -> torch.Tensor:
+        """按行切词表；词表不能整除时最后一份用 0 补齐到 V_tp 行（官方在这里会形状不符）。"""
+        start, length = self.vocab_range
+        local = full[start:start + length]
+        if length < self.num_embeddings_tp:
+            pad = local.new_zeros(self.num_embeddings_tp - length, *local.shape[1:])
+            local = torch.cat([local, pad])
+        return local
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._tp == 1:
+            return F.embedding(x, self.weight)
+        start, length = self.vocab_range
+        mine = (x >= start) & (x < start + length)
+        y = F.embedding(torch.where(mine, x - start, 0), self.weight) * mine[:, None]
+        return self._comm.all_reduce(y)
+
+
+class ParallelLMHead(VocabParallelEmbedding):
+    def __init__(self, num_embeddings: int, embedding_dim: int, bias: bool = False, tie_word_embeddings: bool = False,
+                 tied_embedding: VocabParallelEmbedding | None = None) -> None:
+        if (tied_embedding is not None) != tie_word_embeddings:
+            raise ValueError("ParallelLMHead: tie_word_embeddings=True 时必须给 tied_embedding，反之不能给")
+        super().__init__(num_embeddings, embedding_dim)
+        self.bias = torch.empty(self.num_embeddings_tp) if bias else None
+        self._tied = tied_embedding  # 下划线开头：不进 state_dict，绑定时权重归词嵌入所有
+
+    def state_dict(self, *, prefix: str = "", result: _STATE_DICT | None = None) -> _STATE_DICT:
+        if self._tied is None:
+            return super().state_dict(prefix=prefix, result=result)
+        return {} if result is None else result
+
+    def load_state_dict(self, state_dict: _STATE_DICT, *, prefix: str = "", _internal: bool = False) -> None:
+        if self._tied is None:
+            return super().load_state_dict(state_dict, prefix=prefix, _internal=_internal)
+        for name in ("weight", "bias"):  # 有的绑定检查点也存了一份 lm_head.weight：和 HF 一样忽略它
+            state_dict.pop(f"{prefix}.{name}" if prefix else name, None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch = get_global_ctx().batch
+        if batch.is_prefill:  # 只留每个请求的最后一个 token：(N, D) -> (bs, D)，行号由注意力元数据给出
+            x = x[batch.attn_metadata.get_last_indices(batch.size).long()]
+        weight = self.weight if self._tied is None else self._tied.weight
+        logits = F.linear(x, weight, self.bias)
+        if self._tp == 1:
+            return logits
+        bs = logits.shape[0]
+        gathered = self._comm.all_gather(logits)  # (tp * bs, V_tp)，按 rank 排
+        return gathered.view(self._tp, bs, -1).permute(1, 0, 2).reshape(bs, -1)[:, :self.num_embeddings]

@@ -1,0 +1,34 @@
+"""几个小工具：张量并行的切分要求整除（不整除时给出清楚的错误），以及按引擎 dtype 构造模型。"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator
+
+import torch
+
+
+def div_even(a: int, b: int, allow_replicate: bool = False) -> int:
+    """a 平均分给 b 份。allow_replicate：份数多于 a 时（比如 KV 头少于 TP 份数），每份 1 个、复制着用。"""
+    if allow_replicate and b > a:
+        if b % a != 0:
+            raise ValueError(f"{b} 份无法均匀复制 {a} 个：{b} 不是 {a} 的整数倍")
+        return 1
+    if a % b != 0:
+        raise ValueError(f"{a} 不能被 {b} 整除，无法平均切成 {b} 份")
+    return a // b
+
+
+def div_ceil(a: int, b: int) -> int:
+    return (a + b - 1) // b
+
+
+@contextmanager
+def torch_dtype(dtype: torch.dtype) -> Iterator[None]:
+    """在这段代码里把 torch 的默认 dtype 换成 dtype：模型构造时 torch.empty 就按引擎的 dtype 建参数。"""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
