@@ -11,6 +11,7 @@ import argparse
 import json
 import math
 import os
+import sys
 import time
 from dataclasses import dataclass
 
@@ -43,6 +44,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error(f"--page-size {args.page_size}：这一章还没有分页 KV，只能是 1（分页 KV 从第 4 章开始）")
     if args.page_size < 1 or args.max_new_tokens < 1:
         ap.error("--page-size 和 --max-new-tokens 都必须是正整数")
+    if any(v is not None and v < 1 for v in (args.num_pages, args.max_seq_len)):
+        ap.error("--num-pages 和 --max-seq-len 给了就必须是正整数")
     if not os.path.isfile(os.path.join(args.model, "config.json")):
         ap.error(f"--model {args.model}：找不到 {os.path.join(args.model, 'config.json')}")
     return args
@@ -131,12 +134,16 @@ def main(argv: list[str] | None = None) -> None:
     try:
         model, config = load_model(args.model)
         prompt_ids, n, ps = [tok(p).input_ids for p in args.prompt], args.max_new_tokens, args.page_size
-        max_seq_len = args.max_seq_len or max(map(len, prompt_ids)) + n
+        need = max(map(len, prompt_ids)) + n
+        max_seq_len = args.max_seq_len or need
+        if need > max_seq_len:  # 请求进来之前就拒绝：它的槽位会超出 page table 的一行
+            sys.exit(f"错误：最长的请求要 {need} 个位置（提示词 + --max-new-tokens），"
+                     f"超过了 --max-seq-len {max_seq_len}")
         if max_seq_len > config.rotary_config.max_position:
             raise ValueError(f"最长序列 {max_seq_len} 超过了模型的 max_position_embeddings "
                              f"{config.rotary_config.max_position}")
         # 每个请求最多写 len + n - 1 个位置的 KV（最后采出的那个 token 不再前向），按页向上取整
-        num_pages = args.num_pages or sum(div_ceil(len(ids) + n - 1, ps) for ids in prompt_ids)
+        num_pages = args.num_pages if args.num_pages is not None else sum(div_ceil(len(ids) + n - 1, ps) for ids in prompt_ids)
         ctx.kv_cache = create_kvcache_pool(config, num_pages, ps, torch.float32, torch.device("cpu"))
         width = div_ceil(max_seq_len, math.lcm(32, ps)) * math.lcm(32, ps)  # 对齐，且是整页
         ctx.page_table = torch.zeros((len(prompt_ids), width), dtype=torch.int32)

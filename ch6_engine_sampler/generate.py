@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from dataclasses import dataclass
 
@@ -47,6 +48,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error(f"--page-size {args.page_size}：这一章还没有分页 KV，只能是 1（分页 KV 从第 4 章开始）")
     if args.page_size < 1 or args.max_new_tokens < 1:
         ap.error("--page-size 和 --max-new-tokens 都必须是正整数")
+    if any(v is not None and v < 1 for v in (args.num_pages, args.max_seq_len)):
+        ap.error("--num-pages 和 --max-seq-len 给了就必须是正整数")
     if not os.path.isfile(os.path.join(args.model, "config.json")):
         ap.error(f"--model {args.model}：找不到 {os.path.join(args.model, 'config.json')}")
     return args
@@ -66,7 +69,8 @@ def allocate(engine: Engine, req: Req, slots: Slots) -> None:
     page_table, ps = engine.page_table, engine.config.page_size
     width = engine.max_seq_len
     if req.device_len > width:
-        raise ValueError(f"请求 {req.uid} 需要 {req.device_len} 个位置，page table 一行只有 {width} 个（--max-seq-len）")
+        raise ValueError(f"请求 {req.uid} 需要 {req.device_len} 个位置，超过了 Engine 的 max_seq_len={width}"
+                         f"（--max-seq-len 和 KV 池的槽位数 --num-pages × --page-size 中较小的那个）")
     for page_idx in range(div_ceil(req.cached_len, ps), div_ceil(req.device_len, ps)):
         if not slots.free_pages:
             raise RuntimeError(f"KV 池的页用完了：请求 {req.uid} 还需要它的第 {page_idx} 页（--num-pages）")
@@ -125,11 +129,16 @@ def main(argv: list[str] | None = None) -> None:
     tok = AutoTokenizer.from_pretrained(args.model)
     prompt_ids, n, ps = [tok(p).input_ids for p in args.prompt], args.max_new_tokens, args.page_size
     # 每个请求最多写 len + n - 1 个位置的 KV（最后采出的那个 token 不再前向），按页向上取整
-    num_pages = args.num_pages or sum(div_ceil(len(ids) + n - 1, ps) for ids in prompt_ids)
+    if args.num_pages is None:
+        args.num_pages = sum(div_ceil(len(ids) + n - 1, ps) for ids in prompt_ids)
+    need = max(map(len, prompt_ids)) + n
+    max_seq_len = args.max_seq_len or need
+    if need > max_seq_len:  # 请求进来之前就拒绝：它的槽位会超出 page table 的一行
+        sys.exit(f"错误：最长的请求要 {need} 个位置（提示词 + --max-new-tokens），超过了 --max-seq-len {max_seq_len}")
     engine = Engine(EngineConfig(model_path=args.model, tp_info=DistributedInfo(0, 1), dtype=torch.float32,
                                  max_running_req=len(prompt_ids), attention_backend=args.attention_backend,
-                                 page_size=ps, num_page_override=num_pages,
-                                 max_seq_len_override=args.max_seq_len or max(map(len, prompt_ids)) + n))
+                                 page_size=ps, num_page_override=args.num_pages,
+                                 max_seq_len_override=max_seq_len))
     try:
         logits = record_logits(engine) if args.dump_logits else []
         params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, max_tokens=n)

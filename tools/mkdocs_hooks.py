@@ -1,13 +1,17 @@
-"""mkdocs 钩子：章节页里的 "本章改了什么" 在构建时从检查点现算，永远不会过时。
+"""mkdocs 钩子：页面上"本章改了什么"和"运行结果"都在构建时现算，永远不会过时。
 
-页面里写一行  {{ chapter_diff("ch2_ops") }}  ，构建时换成：新增 / 删除的文件清单，以及每个修改过的文件
-相对上一个检查点的 unified diff。
+- {{ chapter_diff("ch2_ops") }}：新增 / 删除的文件清单，以及每个修改过的文件相对上一个检查点的 unified diff；
+- {{ run("ch6_engine_sampler", "examples/stage1_milestone.py --page-size 4") }}：在那个检查点里运行脚本
+  （PYTHONPATH 指向检查点），把它的输出原样放进页面。
 """
 
 from __future__ import annotations
 
 import difflib
+import os
 import re
+import shlex
+import subprocess
 import sys
 from pathlib import Path
 
@@ -16,6 +20,7 @@ sys.path.insert(0, str(ROOT))
 from tests.harness.course import checkpoint_files, load_manifest  # noqa: E402
 
 PATTERN = re.compile(r"\{\{\s*chapter_diff\(\"([\w]+)\"\)\s*\}\}")
+RUN = re.compile(r"\{\{\s*run\(\"([\w]+)\",\s*\"([^\"]+)\"\)\s*\}\}")
 
 
 def chapter_diff(name: str) -> str:
@@ -44,5 +49,16 @@ def chapter_diff(name: str) -> str:
     return "\n".join(out)
 
 
+def run(checkpoint: str, command: str) -> str:
+    """在检查点目录里运行一个脚本，返回一段 text 代码块；脚本失败就让构建失败。"""
+    cwd = ROOT / checkpoint
+    env = dict(os.environ, PYTHONPATH=str(cwd), OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    res = subprocess.run([sys.executable, *shlex.split(command)], cwd=cwd, env=env, capture_output=True, text=True)
+    if res.returncode != 0:
+        raise RuntimeError(f"run({checkpoint!r}, {command!r}) 失败：\n{res.stderr[-3000:]}")
+    return "```text\n" + res.stdout.rstrip() + "\n```"
+
+
 def on_page_markdown(markdown: str, page, config, files) -> str:
+    markdown = RUN.sub(lambda m: run(m.group(1), m.group(2)), markdown)
     return PATTERN.sub(lambda m: chapter_diff(m.group(1)), markdown)

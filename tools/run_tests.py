@@ -62,7 +62,8 @@ def main() -> int:
     passed = failed = 0
     with ThreadPoolExecutor(args.jobs) as pool:
         for name, rc, out, secs in pool.map(lambda j: _job(*j, env), jobs):
-            counts = {k.rstrip("s"): int(n) for n, k in COUNT.findall(out.strip().splitlines()[-1] if out.strip() else "")}
+            last = out.strip().splitlines()[-1] if out.strip() else ""
+            counts = {k.rstrip("s"): int(n) for n, k in COUNT.findall(last)}
             if name == "文档":
                 ok = rc == 0
                 passed, failed = passed + ok, failed + (not ok)

@@ -20,7 +20,8 @@ def mismatch_report(prompt: str, ours: list[int], ref: list[int], ref_logits: to
         f"提示词 {prompt[:60]!r}：第 {step} 步（从 0 数）第一次分叉",
         f"  HF   选 {ref[step]} {decode([ref[step]])!r}；top-5: {_top5(ref_logits[step], decode)}",
         f"  我们 选 {ours[step]} {decode([ours[step]])!r}；"
-        + (f"top-5: {_top5(our_logits[step], decode)}" if our_logits is not None else "（没有 --dump-logits，取不到我们这边的 top-5）"),
+        + (f"top-5: {_top5(our_logits[step], decode)}" if our_logits is not None
+           else "（没有 --dump-logits，取不到我们这边的 top-5）"),
     ]
     if our_logits is not None and our_logits.shape == ref_logits.shape:
         lines.append(f"  这一步 max |Δ logit| = {(our_logits[step].float() - ref_logits[step]).abs().max():.6g}")

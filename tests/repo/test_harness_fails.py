@@ -24,3 +24,18 @@ def test_skeleton_without_post_attention_norm_is_caught(tmp_path, tiny_models):
     report = failures[0]
     for must in ["第一次分叉", "HF", "top-5", "max |Δ logit|"]:
         assert must in report, report
+
+
+def test_engine_with_norm_weight_ignored_is_caught(tmp_path, tiny_models):
+    entry = _broken_copy(tmp_path, "ch6_engine_sampler", "minisgl/layers/norm.py",
+                         "return weight * (xf * torch.rsqrt", "return (xf * torch.rsqrt")
+    failures = parity_failures(entry, tiny_models["qwen2"], PROMPTS[:1], TINY_NEW_TOKENS, page_size=4,
+                               in_process=False)
+    assert failures and "max |Δ logit|" in failures[0], failures
+
+
+def test_engine_without_llama3_rope_scaling_is_caught(tmp_path, tiny_models):
+    entry = _broken_copy(tmp_path, "ch6_engine_sampler", "minisgl/layers/rotary.py",
+                         "inv_freq = _llama3_inv_freq(inv_freq, scaling)", "pass")
+    failures = parity_failures(entry, tiny_models["llama3"], PROMPTS[3:], TINY_NEW_TOKENS, in_process=False)
+    assert failures, "忽略了 Llama 3 的 RoPE 缩放，测试却没发现"

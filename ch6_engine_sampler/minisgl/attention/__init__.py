@@ -34,7 +34,8 @@ def create_attention_backend(backend: str, config: ModelConfig) -> BaseAttnBacke
     """创建前要先设好 ctx.kv_cache：后端在构造时拿到 KV 池。"""
     names = validate_attn_backend(backend, allow_auto=False).split(",")
     if len(names) == 2 and names[0] != names[1]:
-        return HybridBackend(SUPPORTED_ATTENTION_BACKENDS[names[0]](config), SUPPORTED_ATTENTION_BACKENDS[names[1]](config))
+        prefill, decode = (SUPPORTED_ATTENTION_BACKENDS[n](config) for n in names)
+        return HybridBackend(prefill, decode)
     return SUPPORTED_ATTENTION_BACKENDS[names[0]](config)
 
 

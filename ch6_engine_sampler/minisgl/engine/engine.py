@@ -94,7 +94,8 @@ class Engine:
 
     def _load_weight_state_dict(self, config: EngineConfig) -> dict[str, torch.Tensor]:
         if config.use_dummy_weight:
-            return {k: torch.randn(v.shape, dtype=v.dtype, device=self.device) for k, v in self.model.state_dict().items()}
+            shapes = self.model.state_dict().items()
+            return {k: torch.randn(v.shape, dtype=v.dtype, device=self.device) for k, v in shapes}
         return {k: v.to(self.dtype) for k, v in load_weight(config.model_path, self.model, self.device)}
 
     def _determine_num_pages(self, config: EngineConfig) -> int:
@@ -104,7 +105,8 @@ class Engine:
         if config.num_page_override is not None:
             num_pages = config.num_page_override
         elif self.device.type == "cuda":
-            num_pages = min(useful, int(config.memory_ratio * torch.cuda.mem_get_info(self.device)[0]) // cache_per_page)
+            free = torch.cuda.mem_get_info(self.device)[0]
+            num_pages = min(useful, int(config.memory_ratio * free) // cache_per_page)
         elif hasattr(os, "sysconf") and "SC_AVPHYS_PAGES" in os.sysconf_names:
             free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
             num_pages = min(useful, int(config.memory_ratio * free) // cache_per_page)

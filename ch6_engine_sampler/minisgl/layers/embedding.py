@@ -25,7 +25,8 @@ class VocabParallelEmbedding(BaseOP):
         self.num_embeddings = num_embeddings
         self.num_embeddings_tp = div_ceil(num_embeddings, tp.size)
         start = self.num_embeddings_tp * tp.rank
-        self.vocab_range = (start, min(start + self.num_embeddings_tp, num_embeddings) - start)  # (起点, 长度)
+        length = max(0, min(start + self.num_embeddings_tp, num_embeddings) - start)  # 靠后的 rank 可能一行都分不到
+        self.vocab_range = (start, length)  # (起点, 长度)
         self.weight = torch.empty(self.num_embeddings_tp, embedding_dim)
         self._comm = DistributedCommunicator()
 
@@ -66,6 +67,8 @@ class ParallelLMHead(VocabParallelEmbedding):
             return super().load_state_dict(state_dict, prefix=prefix, _internal=_internal)
         for name in ("weight", "bias"):  # 有的绑定检查点也存了一份 lm_head.weight：和 HF 一样忽略它
             state_dict.pop(f"{prefix}.{name}" if prefix else name, None)
+        if not _internal and state_dict:
+            raise RuntimeError(f"state_dict 里有模型用不到的键：{sorted(state_dict)}")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch = get_global_ctx().batch

@@ -1,0 +1,158 @@
+"""在同一个进程里并排测 decode 每一步的耗时：内存带宽下限、第 0 步骨架、HF transformers、我们的 Engine。
+
+    python tools/bench.py                              # 有 models/Qwen3-0.6B 就用它，否则用离线小模型
+    python tools/bench.py --model models/Qwen3-0.6B --steps 16 --repeat 3
+
+decode 是访存密集的：每一步都要把全部权重从内存读一遍。下限 = 权重字节数 / 实测的内存读带宽。
+batch 里多几个请求，读权重的代价几乎不变，所以好的实现 bs=4 每一步只比 bs=1 慢一点。
+速度只在这里测、只在这里报，测试从不断言耗时。
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import runpy
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "ch6_engine_sampler"))
+sys.path.insert(0, str(ROOT / "tools"))
+
+from minisgl.core import Batch, Req, SamplingParams  # noqa: E402
+from minisgl.distributed import DistributedInfo  # noqa: E402
+from minisgl.engine import Engine, EngineConfig  # noqa: E402
+
+PROMPTS = ["The capital of France is", "List three prime numbers:", "def fibonacci(n):", "Once upon a time,"]
+
+
+def best(fn, repeat: int) -> float:
+    return min(fn() for _ in range(repeat))
+
+
+def bandwidth_floor_ms(weight_bytes: int) -> tuple[float, float]:
+    """用 sum() 读一块大于缓存的缓冲区，量出内存读带宽（GB/s），再换算成读一遍权重要多少毫秒。"""
+    buf = torch.ones(max(weight_bytes, 256 << 20) // 4)
+    buf.sum()
+    secs = best(lambda: _timed(buf.sum), 5)
+    gbps = buf.numel() * 4 / secs / 1e9
+    return gbps, weight_bytes / (gbps * 1e9) * 1e3
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def ours(path: str, tok, bs: int, steps: int) -> float:
+    """第 6 章的 Engine，batch 的字段像里程碑脚本那样手工填。返回 decode 每步的秒数。"""
+    engine = Engine(EngineConfig(model_path=path, tp_info=DistributedInfo(0, 1), dtype=torch.float32,
+                                 max_running_req=4, num_page_override=1024, max_seq_len_override=256))
+    try:
+        reqs = []
+        for row, p in enumerate(PROMPTS[:bs]):
+            engine.page_table[row, :256] = torch.arange(row * 256, row * 256 + 256)
+            reqs.append(Req(torch.tensor(tok(p).input_ids, dtype=torch.int32), row, 0, steps + 1, row,
+                            SamplingParams(max_tokens=steps + 1), None))
+
+        def step(phase: str) -> None:
+            batch = Batch(reqs=reqs, phase=phase)
+            engine.graph_runner.pad_batch(batch)
+            batch.positions = torch.cat([torch.arange(r.cached_len, r.device_len) for r in reqs]).int()
+            batch.input_ids = torch.cat([r.input_ids[r.cached_len:r.device_len] for r in reqs])
+            batch.out_loc = torch.cat([engine.page_table[r.table_idx, r.cached_len:r.device_len] for r in reqs])
+            engine.attn_backend.prepare_metadata(batch)
+            out = engine.forward_batch(batch, engine.sampler.prepare(batch))
+            for i, r in enumerate(reqs):
+                r.append_host(out.next_tokens_cpu[i:i + 1])
+
+        with torch.inference_mode():
+            step("prefill")
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                step("decode")
+        return (time.perf_counter() - t0) / steps
+    finally:
+        engine.shutdown()
+
+
+def skeleton(path: str, steps: int) -> float:
+    """第 0 步：runpy 跑一遍 skeleton.py 的 main（顺带加载权重），再直接调它的 forward 计时。"""
+    argv, sys.argv = sys.argv, ["skeleton.py", "--model", path, "--max-new-tokens", "1", "--json"]
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            g = runpy.run_path(str(ROOT / "step0_skeleton" / "skeleton.py"), run_name="__main__")
+    finally:
+        sys.argv = argv
+    from transformers import AutoTokenizer
+
+    ids = torch.tensor(AutoTokenizer.from_pretrained(path)(PROMPTS[0]).input_ids)
+    kv = [None] * g["cfg"]["num_hidden_layers"]
+    with torch.inference_mode():
+        logits = g["forward"](ids, torch.arange(len(ids)), kv)
+        pos = torch.tensor([len(ids)])
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            logits = g["forward"](logits.argmax()[None], pos, kv)
+            pos = pos + 1
+    return (time.perf_counter() - t0) / steps
+
+
+def hf(model, tok, bs: int, steps: int) -> float:
+    """HF generate：(生成 steps+1 个的时间 - 生成 1 个的时间) / steps 就是 decode 每步的时间。"""
+    tok.padding_side = "left"
+    enc = tok(PROMPTS[:bs], return_tensors="pt", padding=True)
+
+    def run(n: int) -> float:
+        return _timed(lambda: model.generate(**enc, max_new_tokens=n, min_new_tokens=n, do_sample=False))
+
+    with torch.inference_mode():
+        run(2)
+        return (run(steps + 1) - run(1)) / steps
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model")
+    ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument("--repeat", type=int, default=3, help="每项测几次取最快的一次")
+    args = ap.parse_args()
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = args.model
+    if path is None:
+        real = ROOT / "models" / "Qwen3-0.6B"
+        if list(real.glob("*.safetensors")):
+            path = str(real)
+        else:
+            from make_tiny_models import make_all
+
+            path = str(make_all(names=["qwen3-tied"])["qwen3-tied"])
+            print(f"没有 {real}：用离线小模型 {path}。它太小，数字主要是 Python 开销，不反映访存\n")
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())  # 绑定的词嵌入只算一次
+    gbps, floor = bandwidth_floor_ms(weight_bytes)
+    rows = [("内存带宽下限", floor / 1e3, floor / 1e3)]
+    rows.append(("第 0 步骨架", best(lambda: skeleton(path, args.steps), args.repeat), None))
+    rows.append(("HF transformers", *(best(lambda: hf(model, tok, bs, args.steps), args.repeat) for bs in (1, 4))))
+    rows.append(("我们（第 6 章 Engine）",
+                 *(best(lambda: ours(path, tok, bs, args.steps), args.repeat) for bs in (1, 4))))
+    print(f"模型 {path}：权重 {weight_bytes / 2**20:.1f} MiB；内存读带宽 {gbps:.1f} GB/s；"
+          f"{torch.get_num_threads()} 个线程；decode {args.steps} 步，每项取 {args.repeat} 次中最快的")
+    print(f"{'':24}{'bs=1 ms/步':>12}{'bs=4 ms/步':>12}{'bs=4 tokens/s':>15}{'bs=4 / bs=1':>13}")
+    for name, t1, t4 in rows:
+        if t4 is None:
+            print(f"{name:24}{t1 * 1e3:12.2f}{'—':>12}{'—':>15}{'—':>13}")
+        else:
+            print(f"{name:24}{t1 * 1e3:12.2f}{t4 * 1e3:12.2f}{4 / t4:15.1f}{t4 / t1:13.2f}")
+
+
+if __name__ == "__main__":
+    main()
