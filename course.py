@@ -1,6 +1,6 @@
 """课程的两条命令（只需要 Python 3.10+；第一次会建 .venv 并安装依赖，之后秒过）：
 
-    python course.py demo    # 跑课程的主演示（第 6 章之后是阶段一里程碑）
+    python course.py demo    # 跑课程的主演示：阶段一的里程碑（ch6_engine_sampler/examples/stage1_milestone.py）
     python course.py test    # 跑全部测试：仓库级、每个检查点、文档构建
 
 其余参数原样传下去，例如 python course.py test ch3 只测第 3 章的检查点。

@@ -39,7 +39,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--dump-logits", help="把每一步的 logits 存成 safetensors（测试报告不一致时用）")
     ap.add_argument("--num-pages", type=int, help="KV 池的页数；默认正好够用")
     ap.add_argument("--max-seq-len", type=int, help="page table 一行最多几个位置；默认最长提示词 + 生成长度")
-    ap.add_argument("--attention-backend", default="torch", help="注意力后端：torch、fi、fa，或 \"prefill,decode\"")
+    ap.add_argument("--attention-backend", default="torch", help="注意力后端：torch、fi、fa，或 预填充,解码 两个名字")
     args = ap.parse_args(argv)
     args.prompt = args.prompt or ["The capital of France is"]
     if not PAGED and args.page_size != 1:
@@ -85,7 +85,8 @@ def allocate(req: Req, slots: Slots) -> None:
     ctx = get_global_ctx()
     ps, width = ctx.page_size, ctx.page_table.shape[1]
     if req.device_len > width:
-        raise ValueError(f"请求 {req.uid} 需要 {req.device_len} 个位置，page table 一行只有 {width} 个（--max-seq-len）")
+        raise ValueError(f"请求 {req.uid} 需要 {req.device_len} 个位置，"
+                         f"page table 一行只有 {width} 个（--max-seq-len）")
     for page_idx in range(div_ceil(req.cached_len, ps), div_ceil(req.device_len, ps)):
         if not slots.free_pages:
             raise RuntimeError(f"KV 池的页用完了：请求 {req.uid} 还需要它的第 {page_idx} 页（--num-pages）")
@@ -146,7 +147,9 @@ def main(argv: list[str] | None = None) -> None:
             raise ValueError(f"最长序列 {max_seq_len} 超过了模型的 max_position_embeddings "
                              f"{config.rotary_config.max_position}")
         # 每个请求最多写 len + n - 1 个位置的 KV（最后采出的那个 token 不再前向），按页向上取整
-        num_pages = args.num_pages if args.num_pages is not None else sum(div_ceil(len(ids) + n - 1, ps) for ids in prompt_ids)
+        num_pages = args.num_pages
+        if num_pages is None:
+            num_pages = sum(div_ceil(len(ids) + n - 1, ps) for ids in prompt_ids)
         ctx.kv_cache = create_kvcache_pool(config, num_pages, ps, torch.float32, torch.device("cpu"))
         width = div_ceil(max_seq_len, math.lcm(32, ps)) * math.lcm(32, ps)  # 对齐，且是整页
         ctx.page_table = torch.zeros((len(prompt_ids), width), dtype=torch.int32)

@@ -37,7 +37,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--dump-logits", help="把每一步的 logits 存成 safetensors（测试报告不一致时用）")
     ap.add_argument("--num-pages", type=int, help="KV 池的页数；默认正好够用")
     ap.add_argument("--max-seq-len", type=int, help="page table 一行最多几个位置；默认最长提示词 + 生成长度")
-    ap.add_argument("--attention-backend", default="auto", help="注意力后端：auto、torch、fi、fa，或 \"prefill,decode\"")
+    ap.add_argument("--attention-backend", default="auto", help="注意力后端：torch、fi、fa，或 预填充,解码 两个名字")
     ap.add_argument("--temperature", type=float, default=0.0, help="0 表示贪心")
     ap.add_argument("--top-k", type=int, default=-1)
     ap.add_argument("--top-p", type=float, default=1.0)

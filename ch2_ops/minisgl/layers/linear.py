@@ -2,7 +2,8 @@
 
 形状约定（tp 份中的一份，x: (N, in)）：
 - LinearReplicated       不切：weight (out, in)
-- LinearColParallelMerged 按输出切（列并行），几块输出合在一个矩阵里：weight (Σ out_i/tp, in)，本地行 = [块0 的第 r 份 | 块1 的第 r 份 …]
+- LinearColParallelMerged 按输出切（列并行），几块输出合在一个矩阵里：weight (Σ out_i/tp, in)，
+  本地行 = [块0 的第 r 份 | 块1 的第 r 份 …]
 - LinearQKVMerged        q/k/v 合在一起的列并行：weight ((H_q/tp + 2·H_kv') · D, in)；KV 头比 tp 少时复制（H_kv' = 1）
 - LinearOProj / LinearRowParallel  按输入切（行并行）：weight (out, in/tp)，各份结果求和（all-reduce）
 
