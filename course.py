@@ -18,9 +18,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 REQS = ROOT / "requirements.txt"
-REAL_MODEL = ROOT / "models" / "Qwen3-0.6B"
-DOWNLOAD = ("hf download Qwen/Qwen3-0.6B --local-dir models/Qwen3-0.6B\n"
-            "    （国内可用：modelscope download --model Qwen/Qwen3-0.6B --local_dir models/Qwen3-0.6B）")
 
 
 def venv_python() -> Path:
@@ -44,20 +41,11 @@ def ensure_env() -> None:
 
 
 def demo(extra: list[str]) -> int:
-    milestone = ROOT / "ch6_engine_sampler" / "examples" / "stage1_milestone.py"
-    if milestone.exists():
-        env = dict(os.environ, PYTHONPATH=str(milestone.parent.parent))
-        return subprocess.call([sys.executable, str(milestone), *extra], cwd=ROOT, env=env)
-    model = os.environ.get("MINISGL_MODEL") or (str(REAL_MODEL) if list(REAL_MODEL.glob("*.safetensors")) else None)
-    if model is None:
-        sys.path.insert(0, str(ROOT / "tools"))
-        from make_tiny_models import make_all
-
-        model = str(make_all(names=["qwen3-tied"])["qwen3-tied"])
-        print(f"没有找到真权重 {REAL_MODEL}，这次用离线的随机权重小模型（输出是乱码，但和 HF 逐 token 一致）：{model}\n"
-              f"  想看真模型，下载后重跑：{DOWNLOAD}\n", flush=True)
-    return subprocess.call([sys.executable, str(ROOT / "step0_skeleton" / "skeleton.py"), "--model", model, *extra],
-                           cwd=ROOT)
+    """阶段一的里程碑。它自己决定用哪个模型：--model、$MINISGL_MODEL、models/Qwen3-0.6B，都没有就用离线小模型。"""
+    checkpoint = ROOT / "ch6_engine_sampler"
+    env = dict(os.environ, PYTHONPATH=str(checkpoint))
+    return subprocess.call([sys.executable, str(checkpoint / "examples" / "stage1_milestone.py"), *extra], cwd=ROOT,
+                           env=env)
 
 
 def main() -> int:

@@ -29,8 +29,8 @@ ROW = 256  # page table 每行手工分给一个请求的槽位数
 
 
 def pick_model(arg: str | None) -> str:
-    if arg:
-        return arg
+    if arg or os.environ.get("MINISGL_MODEL"):
+        return arg or os.environ["MINISGL_MODEL"]
     if list(REAL.glob("*.safetensors")):
         print(f"模型：{REAL}（真权重）")
         return str(REAL)
@@ -100,7 +100,7 @@ def hf_reference(path: str, tok, prompts: list[str], n: int) -> list[list[int]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", help="模型目录；默认 models/Qwen3-0.6B，没有就用离线小模型")
+    ap.add_argument("--model", help="模型目录；默认 $MINISGL_MODEL 或 models/Qwen3-0.6B，都没有就用离线小模型")
     ap.add_argument("--page-size", type=int, default=1)
     ap.add_argument("--max-new-tokens", type=int, default=16)
     args = ap.parse_args()
