@@ -18,9 +18,10 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from minisgl.core import Batch, Req, SamplingParams
-from minisgl.distributed import DistributedInfo
-from minisgl.engine import Engine, EngineConfig
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # 在检查点目录里直接运行也能 import minisgl
+from minisgl.core import Batch, Req, SamplingParams  # noqa: E402
+from minisgl.distributed import DistributedInfo  # noqa: E402
+from minisgl.engine import Engine, EngineConfig  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 REAL = ROOT / "models" / "Qwen3-0.6B"
@@ -32,13 +33,14 @@ def pick_model(arg: str | None) -> str:
     if arg or os.environ.get("MINISGL_MODEL"):
         return arg or os.environ["MINISGL_MODEL"]
     if list(REAL.glob("*.safetensors")):
-        print(f"模型：{REAL}（真权重）")
+        print(f"模型：{REAL.relative_to(ROOT)}（真权重）")
         return str(REAL)
     sys.path.insert(0, str(ROOT / "tools"))
     from make_tiny_models import make_all
 
     path = make_all(names=["qwen3-tied"])["qwen3-tied"]
-    print(f"模型：没有找到 {REAL}，用离线的随机权重小模型 {path}（输出是乱码，但每个 token 都和 HF 一致）\n"
+    print(f"模型：没有找到 {REAL.relative_to(ROOT)}，用离线的随机权重小模型 {path.relative_to(ROOT)}"
+          f"（输出是乱码，但每个 token 都和 HF 一致）\n"
           f"  想看真模型：hf download Qwen/Qwen3-0.6B --local-dir models/Qwen3-0.6B")
     return str(path)
 

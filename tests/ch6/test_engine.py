@@ -131,7 +131,7 @@ def generate(engine: Engine, prompt_ids: list[list[int]], n: int) -> list[list[i
 @pytest.mark.parametrize("ps", [1, 4, 64])
 def test_task1_init_attributes(tiny_models, ps):
     """设备、后端、KV 池（多一页假页）、page table（多一行假请求，宽度对齐）、假请求、GraphRunner。"""
-    num_pages, rows, msl = 40, 3, 100
+    num_pages, rows, msl = 40, 3, 70
     with engine_of(tiny_models[MODEL], ps=ps, max_running_req=rows, num_pages=num_pages, max_seq_len=msl) as e:
         assert e.device.type == ("cuda" if torch.cuda.is_available() else "cpu")
         assert e.config.attention_backend == "torch"  # "auto" 在阶段一解析成 torch

@@ -79,7 +79,7 @@ def assert_distribution(samples: torch.Tensor, expected: torch.Tensor, tol: floa
 
 
 @pytest.mark.parametrize("k", [1, 5, 12])
-def test_task1_top_k_never_outside(k):
+def test_task4_top_k_never_outside(k):
     """top-k：只从概率最大的 k 个里抽，按重新归一化的概率抽。"""
     logits = make_logits()
     probs = logits.softmax(-1)
@@ -90,7 +90,7 @@ def test_task1_top_k_never_outside(k):
 
 
 @pytest.mark.parametrize("p", [0.3, 0.7, 0.92])
-def test_task1_top_p_never_outside_nucleus(p):
+def test_task4_top_p_never_outside_nucleus(p):
     """top-p：只从核里抽（概率和第一次达到 p 的最短前缀），按重新归一化的概率抽。"""
     logits = make_logits()
     probs = logits.softmax(-1)
@@ -99,14 +99,19 @@ def test_task1_top_p_never_outside_nucleus(p):
     assert_distribution(draw(logits, top_p=p), restricted(probs, keep))
 
 
-def test_task1_top_p_keeps_at_least_one_token():
-    """p 比最大的概率还小：核只有 1 个 token，就是 argmax。"""
+def test_task4_top_p_keeps_at_least_one_token():
+    """p 比最大的概率还小（甚至是 0）：核只有 1 个 token，就是 argmax——第一名永远保留。"""
     logits = make_logits()
     assert logits.softmax(-1).max() > 0.01
-    assert (draw(logits, top_p=0.01, n=2000) == logits.argmax()).all()
+    for p in (0.01, 0.0):
+        assert (draw(logits, top_p=p, n=2000) == logits.argmax()).all()
+    sampler = Sampler(CPU, VOCAB)
+    batch = make_batch([SamplingParams(temperature=1.0, top_p=0.0)] * 2000)
+    torch.manual_seed(0)
+    assert (sampler.sample(logits.expand(2000, -1), sampler.prepare(batch)) == logits.argmax()).all()
 
 
-def test_task1_top_k_then_top_p():
+def test_task4_top_k_then_top_p():
     """先截 top-k，在重新归一化的分布上再截 top-p。"""
     logits, k, p = make_logits(), 10, 0.65
     probs = logits.softmax(-1)
@@ -117,7 +122,7 @@ def test_task1_top_k_then_top_p():
     assert_distribution(draw(logits, top_k=k, top_p=p), restricted(probs, keep))
 
 
-def test_task1_tiny_temperature_is_argmax():
+def test_task4_tiny_temperature_is_argmax():
     """温度 1e-6：不管截不截断，抽到的都是 argmax。"""
     n = 500
     logits = torch.randn(n, VOCAB, generator=torch.Generator().manual_seed(7))
@@ -131,7 +136,7 @@ def test_task1_tiny_temperature_is_argmax():
 
 
 @pytest.mark.parametrize("temperature", [0.5, 1.0, 2.0])
-def test_task1_temperature_frequencies(temperature):
+def test_task4_temperature_frequencies(temperature):
     """纯温度采样：频率接近 softmax(logits / T)。"""
     logits = make_logits()
     expected = (logits.double() / temperature).softmax(-1)
@@ -140,7 +145,7 @@ def test_task1_temperature_frequencies(temperature):
     assert_distribution(draw(logits, temperature=temperature), expected)
 
 
-def test_task1_seed_decides_samples():
+def test_task4_seed_decides_samples():
     """同一个种子，同样的结果；换一个种子，结果不同。"""
     logits = make_logits()
     a = draw(logits, temperature=1.0, top_k=20, top_p=0.95, n=1000, seed=123)
@@ -159,7 +164,7 @@ def make_batch(params: list[SamplingParams]) -> Batch:
     return Batch(reqs=reqs, phase="decode")
 
 
-def test_task2_prepare_semantics():
+def test_task4_prepare_semantics():
     """全是贪心：temperatures 为 None；没人设 top_k / top_p：对应的张量为 None（官方语义）。"""
     sampler = Sampler(CPU, VOCAB)
     args = sampler.prepare(make_batch([SamplingParams(), SamplingParams(temperature=0.7, top_k=1)]))
@@ -181,14 +186,14 @@ def test_task2_prepare_semantics():
     assert args.top_p is not None and args.top_p.tolist() == pytest.approx([1.0, 0.9])
 
 
-def test_task2_all_greedy_batch_is_argmax():
+def test_task4_all_greedy_batch_is_argmax():
     sampler = Sampler(CPU, VOCAB)
     logits = torch.randn(3, VOCAB, generator=torch.Generator().manual_seed(3))
     args = sampler.prepare(make_batch([SamplingParams()] * 3))
     assert torch.equal(sampler.sample(logits, args), logits.argmax(dim=-1))
 
 
-def test_task2_zero_temperature_with_top_p_is_argmax():
+def test_task4_zero_temperature_with_top_p_is_argmax():
     """T=0 但设了 top_p：不算贪心请求，温度取 1e-6，结果仍是 argmax。"""
     sampler = Sampler(CPU, VOCAB)
     sp = SamplingParams(temperature=0.0, top_p=0.9)
@@ -198,7 +203,7 @@ def test_task2_zero_temperature_with_top_p_is_argmax():
     assert torch.equal(sampler.sample(logits, sampler.prepare(make_batch([sp] * 200))), logits.argmax(dim=-1))
 
 
-def test_task2_per_request_params_in_one_batch():
+def test_task4_per_request_params_in_one_batch():
     """一个 batch 里各用各的参数：贪心、top_k=1、小 top_p、T=1。贪心的行严格是 argmax（近似平局也一样）。"""
     reps = 5000
     sampler = Sampler(CPU, VOCAB)
@@ -235,7 +240,7 @@ def cli(checkpoint, model, *flags: str) -> list[list[int]]:
     return parse_outputs(run_in_process(checkpoint.entry_path, list(argv)), len(CLI_PROMPTS), CLI_N)
 
 
-def test_task3_cli_sampling_flags(checkpoint, tiny_models):
+def test_task6_cli_sampling_flags(checkpoint, tiny_models):
     """同一个种子同样的输出，换种子输出不同；--temperature 0 就是贪心（= HF）；--top-k 5 不出每一步的前 5 个。"""
     model = tiny_models["qwen3-tied"]
     flags = ["--temperature", "0.8", "--top-k", "5"]
