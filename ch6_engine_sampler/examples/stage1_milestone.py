@@ -111,7 +111,7 @@ def main() -> None:
     engine, tok = m.engine, m.tok
     who = "环境变量 OMP_NUM_THREADS 指定的" if "OMP_NUM_THREADS" in os.environ else "Engine 自己设的"
     print(f"正式结构：{engine.device}，注意力后端 {engine.config.attention_backend}，KV 池 {engine.num_pages} 页"
-          f"（page_size={args.page_size}），{torch.get_num_threads()} 个线程（{who}）")
+          f"（page_size={engine.config.page_size}），{torch.get_num_threads()} 个线程（{who}）")
 
     # 1. 和第 0 步同一个请求
     [single], t_prefill, t_step = m.generate(PROMPTS[:1], n)
@@ -122,7 +122,7 @@ def main() -> None:
     outs, t_prefill4, t_step4 = m.generate(PROMPTS, n)
     print(f"4 个请求一个 batch：prefill {t_prefill4 * 1000:.0f} ms，decode 每步 {t_step4 * 1000:.0f} ms"
           f"（每步 4 个 token，合计 {4 / t_step4:.1f} tokens/s；每步是单请求的 {t_step4 / t_step:.2f} 倍）")
-    pages = {s // args.page_size for s in m.slots_written}
+    pages = {s // engine.config.page_size for s in m.slots_written}
     print(f"KV 池写了 {len(m.slots_written)} 个槽位（{len(pages)} / {engine.num_pages} 页）："
           f"每个 token 只写自己的槽位，历史不复制")
     engine.shutdown()
