@@ -73,7 +73,8 @@ def main() -> int:
                 if rc != 0 and f == 0:
                     f = 1  # 收集错误、退出码 5（没有测试）等也算失败
                 passed, failed = passed + p, failed + f
-                print(f"{'通过' if f == 0 else '失败'}  {name}: {p} passed, {f} failed（{secs:.0f} s）")
+                skipped = f", {counts['skipped']} skipped（带理由，-rs 可见）" if counts.get("skipped") else ""
+                print(f"{'通过' if f == 0 else '失败'}  {name}: {p} passed, {f} failed{skipped}（{secs:.0f} s）")
             if rc != 0:
                 print(out[-20000:])
     print(f"{passed} passed, {failed} failed")
