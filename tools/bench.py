@@ -24,11 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "ch6_engine_sampler"))
 sys.path.insert(0, str(ROOT / "tools"))
 
-from minisgl.core import Batch, Req, SamplingParams  # noqa: E402
-from minisgl.distributed import DistributedInfo  # noqa: E402
-from minisgl.engine import Engine, EngineConfig  # noqa: E402
-
-PROMPTS = ["The capital of France is", "List three prime numbers:", "def fibonacci(n):", "Once upon a time,"]
+sys.path.insert(0, str(ROOT / "ch6_engine_sampler" / "examples"))
+from stage1_milestone import PROMPTS, Milestone  # noqa: E402
 
 
 def best(fn, repeat: int) -> float:
@@ -50,36 +47,13 @@ def _timed(fn) -> float:
     return time.perf_counter() - t0
 
 
-def ours(path: str, tok, bs: int, steps: int) -> float:
-    """第 6 章的 Engine，batch 的字段像里程碑脚本那样手工填。返回 decode 每步的秒数。"""
-    engine = Engine(EngineConfig(model_path=path, tp_info=DistributedInfo(0, 1), dtype=torch.float32,
-                                 max_running_req=4, num_page_override=1024, max_seq_len_override=256))
+def ours(path: str, bs: int, steps: int) -> float:
+    """第 6 章的 Engine，batch 的字段由里程碑脚本的 step() 手工填。返回 decode 每步的秒数。"""
+    milestone = Milestone(path, page_size=1)
     try:
-        reqs = []
-        for row, p in enumerate(PROMPTS[:bs]):
-            engine.page_table[row, :256] = torch.arange(row * 256, row * 256 + 256)
-            reqs.append(Req(torch.tensor(tok(p).input_ids, dtype=torch.int32), row, 0, steps + 1, row,
-                            SamplingParams(max_tokens=steps + 1), None))
-
-        def step(phase: str) -> None:
-            batch = Batch(reqs=reqs, phase=phase)
-            engine.graph_runner.pad_batch(batch)
-            batch.positions = torch.cat([torch.arange(r.cached_len, r.device_len) for r in reqs]).int()
-            batch.input_ids = torch.cat([r.input_ids[r.cached_len:r.device_len] for r in reqs])
-            batch.out_loc = torch.cat([engine.page_table[r.table_idx, r.cached_len:r.device_len] for r in reqs])
-            engine.attn_backend.prepare_metadata(batch)
-            out = engine.forward_batch(batch, engine.sampler.prepare(batch))
-            for i, r in enumerate(reqs):
-                r.append_host(out.next_tokens_cpu[i:i + 1])
-
-        with torch.inference_mode():
-            step("prefill")
-            t0 = time.perf_counter()
-            for _ in range(steps):
-                step("decode")
-        return (time.perf_counter() - t0) / steps
+        return milestone.generate(PROMPTS[:bs], steps + 1)[2]
     finally:
-        engine.shutdown()
+        milestone.engine.shutdown()
 
 
 def skeleton(path: str, steps: int) -> float:
@@ -143,7 +117,7 @@ def main() -> None:
     rows.append(("第 0 步骨架", best(lambda: skeleton(path, args.steps), args.repeat), None))
     rows.append(("HF transformers", *(best(lambda: hf(model, tok, bs, args.steps), args.repeat) for bs in (1, 4))))
     rows.append(("我们（第 6 章 Engine）",
-                 *(best(lambda: ours(path, tok, bs, args.steps), args.repeat) for bs in (1, 4))))
+                 *(best(lambda: ours(path, bs, args.steps), args.repeat) for bs in (1, 4))))
     print(f"模型 {path}：权重 {weight_bytes / 2**20:.1f} MiB；内存读带宽 {gbps:.1f} GB/s；"
           f"{torch.get_num_threads()} 个线程；decode {args.steps} 步，每项取 {args.repeat} 次中最快的")
     print(f"{'':24}{'bs=1 ms/步':>12}{'bs=4 ms/步':>12}{'bs=4 tokens/s':>15}{'bs=4 / bs=1':>13}")

@@ -1,0 +1,92 @@
+"""流式加载权重：一个张量一个张量地从 safetensors 读出来，当场切出本 rank 的那份、合并成引擎的布局，交出去。
+
+内存里任何时候只有"已经交出去的" + 正在凑齐的一组（q/k/v 或 gate/up），峰值接近一份权重而不是两份。
+切法由各个算子自己定（BaseOP.shard）；这里只负责改名、合并和按文件顺序读。只读 safetensors，绝不 unpickle。
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from typing import Dict, Iterator, Tuple
+
+import torch
+from safetensors import safe_open
+
+from minisgl.layers import BaseOP, OPList
+
+# HF 的名字片段 -> (引擎里合并后的名字片段, 第几块, 一共几块)
+_MERGED = {".q_proj.": (".qkv_proj.", 0, 3), ".k_proj.": (".qkv_proj.", 1, 3), ".v_proj.": (".qkv_proj.", 2, 3),
+           ".gate_proj.": (".gate_up_proj.", 0, 2), ".up_proj.": (".gate_up_proj.", 1, 2)}
+_SKIPPED = (".rotary_emb.inv_freq",)  # 老检查点里存的 RoPE 频率：可以算出来，不是权重
+
+
+def safetensors_files(model_path: str) -> list[str]:
+    index = os.path.join(model_path, "model.safetensors.index.json")
+    if os.path.isfile(index):  # 分片：以索引为准，缺哪个分片就说哪个
+        names = sorted(set(json.load(open(index))["weight_map"].values()))
+        missing = [n for n in names if not os.path.isfile(os.path.join(model_path, n))]
+        if missing:
+            raise FileNotFoundError(f"{index} 列出的分片不存在：{missing}")
+        return [os.path.join(model_path, n) for n in names]
+    files = sorted(glob.glob(os.path.join(model_path, "*.safetensors")))
+    if files:
+        return files
+    pickles = sorted(os.path.basename(p) for p in glob.glob(os.path.join(model_path, "*"))
+                     if p.endswith((".bin", ".pt", ".pth")))
+    if pickles:
+        raise ValueError(f"{model_path} 只有 {pickles}：这是 pickle 格式，加载它等于执行任意代码，"
+                         f"这里只读 safetensors。请下载或转换成 .safetensors")
+    raise FileNotFoundError(f"{model_path} 里没有 *.safetensors 权重文件")
+
+
+def find_op(root: BaseOP, name: str) -> BaseOP:
+    """'model.layers.3.mlp.down_proj' -> 对应的算子对象。"""
+    op = root
+    for part in name.split("."):
+        if isinstance(op, OPList):
+            op = op.op_list[int(part)] if part.isdigit() and int(part) < len(op.op_list) else None
+        else:
+            op = getattr(op, part, None)
+        if not isinstance(op, BaseOP):
+            raise KeyError(f"检查点里的 {name} 在模型里没有对应的算子")
+    return op
+
+
+def _rename(key: str) -> Tuple[str, int, int]:
+    for old, (new, part, total) in _MERGED.items():
+        if old in key:
+            return key.replace(old, new), part, total
+    return key, 0, 1
+
+
+def load_weight(model_path: str, model: BaseOP, device: torch.device | str = "cpu"
+                ) -> Iterator[Tuple[str, torch.Tensor]]:
+    """逐个交出 (引擎里的名字, 本 rank 的张量)。dtype 不在这里转：调用方边收边转，省得多留一份。"""
+    pending: Dict[str, Dict[int, torch.Tensor]] = {}
+    for file in safetensors_files(model_path):
+        with safe_open(file, framework="pt", device=str(device)) as f:
+            for key in f.keys():
+                if key.endswith(_SKIPPED):
+                    continue
+                name, part, total = _rename(key)
+                try:
+                    op = find_op(model, name.rsplit(".", 1)[0])
+                except KeyError:
+                    raise KeyError(f"{os.path.basename(file)} 里的 {key} 在模型里没有对应的算子") from None
+                local = op.shard(f.get_tensor(key), part)
+                if local.untyped_storage().nbytes() > local.nbytes:
+                    local = local.clone()  # 切片还拽着整块原张量：复制出自己那份，原张量才能释放
+                if total == 1:
+                    yield name, local
+                    continue
+                group = pending.setdefault(name, {})
+                group[part] = local
+                if len(group) == total:  # 凑齐了：按 q,k,v / gate,up 的顺序拼成一块
+                    yield name, torch.cat([group[i] for i in range(total)])
+                    del pending[name]
+    if pending:
+        missing = [name.replace(new, old) for name, group in pending.items()
+                   for old, (new, part, _) in _MERGED.items() if new in name and part not in group]
+        raise ValueError(f"{model_path}: 检查点缺少 {missing}，凑不齐合并的权重 {sorted(pending)}")
