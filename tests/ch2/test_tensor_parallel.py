@@ -10,14 +10,13 @@ import torch
 import torch.nn.functional as F
 
 from minisgl import core
-from minisgl.core import Batch, Context, Req, SamplingParams
+from minisgl.core import Context
 from minisgl.distributed import (DistributedCommunicator, DistributedImpl, DistributedInfo, get_tp_info,
                                  reset_tp_info, set_tp_info)
 from minisgl.layers import (AttentionLayer, LinearColParallelMerged, LinearOProj, LinearQKVMerged,
                             LinearRowParallel, ParallelLMHead, RotaryConfig, VocabParallelEmbedding)
 from minisgl.utils import div_ceil, div_even
-
-TIGHT = dict(rtol=1e-5, atol=1e-5)
+from tests.ch2.common import TIGHT, make_batch, make_req
 
 
 class FakeComm(DistributedImpl):
@@ -229,30 +228,6 @@ def test_task3_vocab_parallel_embedding(V, tp, comm):
         mine = (ids >= r * V_tp) & (ids < (r + 1) * V_tp)
         assert torch.count_nonzero(y[~mine]) == 0
     torch.testing.assert_close(sum(outs), w[ids.long()], **TIGHT)
-
-
-def make_req(prompt_len, cached_len=0, uid=0):
-    return Req(input_ids=torch.arange(prompt_len, dtype=torch.int32), table_idx=uid, cached_len=cached_len,
-               output_len=4, uid=uid, sampling_params=SamplingParams(), cache_handle=None)
-
-
-class LastTokenMetadata:
-    """第 5 章起 LM head 从注意力元数据取每个请求最后一个 token 的行号；这里给一个最小的替身（之前各章不读它）。"""
-
-    def __init__(self, reqs):
-        self.extend_lens = [r.extend_len for r in reqs]
-
-    def get_last_indices(self, bs):
-        return (torch.tensor(self.extend_lens[:bs]).cumsum(0) - 1).to(torch.int32)
-
-
-def make_batch(reqs, phase):
-    b = Batch(reqs=reqs, phase=phase)
-    b.input_ids = torch.cat([r.input_ids[r.cached_len:r.device_len] for r in reqs])
-    b.positions = torch.cat([torch.arange(r.cached_len, r.device_len, dtype=torch.int32) for r in reqs])
-    b.padded_reqs = list(reqs)
-    b.attn_metadata = LastTokenMetadata(reqs)
-    return b
 
 
 BATCHES = {  # (请求的 (提示词长度, cached_len), 阶段, 进 LM head 的行)

@@ -10,41 +10,14 @@ import sys
 
 import pytest
 import torch
-from safetensors import safe_open
 from safetensors.torch import load as load_safetensors_bytes
 from safetensors.torch import save_file
-from transformers import AutoConfig
 
 from minisgl.distributed import reset_tp_info, set_tp_info
-from minisgl.models import ModelConfig, create_model, load_weight
-from minisgl.utils import torch_dtype
+from minisgl.models import load_weight
+from tests.ch3.common import FAMILIES, MERGED, build_meta, config_of, hf_tensors, load_into
 
-FAMILIES = ["qwen3-tied", "qwen3-untied", "qwen2", "llama3"]
 TIED = {"qwen3-tied": True, "qwen3-untied": False, "qwen2": False, "llama3": True}
-MERGED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
-
-
-@pytest.fixture(autouse=True)
-def fresh_tp_info():
-    """每个算子在构造时读 TP 身份：每个测试前后都清掉，测试之间不串。"""
-    reset_tp_info()
-    try:
-        yield
-    finally:
-        reset_tp_info()
-
-
-def config_of(path):
-    return ModelConfig.from_hf(AutoConfig.from_pretrained(path))
-
-
-def build_meta(config, dtype=torch.float32, rank=0, size=1):
-    set_tp_info(rank, size)
-    try:
-        with torch.device("meta"), torch_dtype(dtype):
-            return create_model(config)
-    finally:
-        reset_tp_info()
 
 
 def stream(path, model, rank=0, size=1):
@@ -60,21 +33,8 @@ def load(path, dtype=torch.float32, rank=0, size=1):
     """和 generate.load_model 一样：meta 上构造，边收边转 dtype，整体换进模型。"""
     config = config_of(path)
     model = build_meta(config, dtype, rank, size)
-    set_tp_info(rank, size)
-    try:
-        model.load_state_dict({name: t.to(dtype) for name, t in load_weight(str(path), model)})
-    finally:
-        reset_tp_info()
+    load_into(model, path, dtype, rank, size)
     return model, config
-
-
-def hf_tensors(path):
-    """测试自己按 HF 原名读检查点（不经过被测的加载器）。"""
-    out = {}
-    for file in sorted(path.glob("*.safetensors")):
-        with safe_open(str(file), framework="pt") as f:
-            out.update({k: f.get_tensor(k) for k in f.keys()})
-    return out
 
 
 def hf_parts(engine_key, hf):

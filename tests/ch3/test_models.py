@@ -6,15 +6,13 @@ import json
 
 import pytest
 import torch
-from safetensors import safe_open
-from transformers import AutoConfig, Qwen3Config
+from transformers import Qwen3Config
 
-from minisgl.distributed import reset_tp_info, set_tp_info
-from minisgl.models import BaseLLMModel, ModelConfig, create_model, load_weight
+from minisgl.distributed import set_tp_info
+from minisgl.models import BaseLLMModel, ModelConfig, load_weight
 from minisgl.models.register import get_model_class
-from minisgl.utils import torch_dtype
+from tests.ch3.common import FAMILIES, MERGED, build_meta, config_of, hf_tensors, load_into
 
-FAMILIES = ["qwen3-tied", "qwen3-untied", "qwen2", "llama3"]
 ARCHS = ["LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"]
 
 # 名字 -> (architectures[0], head_dim, q 头数, kv 头数, 绑定词嵌入, RoPE base)，和 tools/make_tiny_models.py 一致
@@ -27,47 +25,6 @@ EXPECTED = {
 # 名字 -> (q/k/v 有 bias, q/k 有 RMSNorm)
 SWITCHES = {"qwen3-tied": (False, True), "qwen3-untied": (False, True), "qwen2": (True, False),
             "llama3": (False, False)}
-MERGED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
-
-
-@pytest.fixture(autouse=True)
-def fresh_tp_info():
-    """每个算子在构造时读 TP 身份：每个测试前后都清掉，测试之间不串。"""
-    reset_tp_info()
-    try:
-        yield
-    finally:
-        reset_tp_info()
-
-
-def config_of(path):
-    return ModelConfig.from_hf(AutoConfig.from_pretrained(path))
-
-
-def build_meta(config, dtype=torch.float32, rank=0, size=1):
-    set_tp_info(rank, size)
-    try:
-        with torch.device("meta"), torch_dtype(dtype):
-            return create_model(config)
-    finally:
-        reset_tp_info()
-
-
-def load_into(model, path, dtype=torch.float32):
-    set_tp_info(0, 1)
-    try:
-        model.load_state_dict({name: t.to(dtype) for name, t in load_weight(str(path), model)})
-    finally:
-        reset_tp_info()
-
-
-def hf_tensors(path):
-    """测试自己按 HF 原名读检查点（不经过被测的加载器）。"""
-    out = {}
-    for file in sorted(path.glob("*.safetensors")):
-        with safe_open(str(file), framework="pt") as f:
-            out.update({k: f.get_tensor(k) for k in f.keys()})
-    return out
 
 
 def engine_name(hf_key):

@@ -49,21 +49,33 @@ def poison(pool, num_layers: int) -> None:
 
 
 @contextmanager
-def attn_env(config: ModelConfig, page_size: int, num_pages: int, rows: int, width: int, device: str = "cpu"):
-    """设好 TP、全局 Context、KV 池（全是 NaN）和 page table（全指向 0 号毒页）；结束时一定清掉全局状态。"""
+def global_env(page_size: int):
+    """设好 TP（单卡）和一个新的全局 Context；结束时一定清掉全局状态。"""
     reset_global_ctx()
     reset_tp_info()
     set_tp_info(0, 1)
     ctx = Context(page_size=page_size)
     set_global_ctx(ctx)
     try:
-        ctx.kv_cache = create_kvcache_pool(config, num_pages, page_size, torch.float32, torch.device(device))
-        poison(ctx.kv_cache, config.num_layers)
-        ctx.page_table = torch.full((rows, width), POISON_PAGE * page_size, dtype=torch.int32, device=device)
         yield ctx
     finally:
         reset_global_ctx()
         reset_tp_info()
+
+
+def init_kv(ctx: Context, config: ModelConfig, num_pages: int, rows: int, width: int, device: str = "cpu") -> None:
+    """给 ctx 配 KV 池（全是 NaN）和 page table（全指向 0 号毒页）。"""
+    ctx.kv_cache = create_kvcache_pool(config, num_pages, ctx.page_size, torch.float32, torch.device(device))
+    poison(ctx.kv_cache, config.num_layers)
+    ctx.page_table = torch.full((rows, width), POISON_PAGE * ctx.page_size, dtype=torch.int32, device=device)
+
+
+@contextmanager
+def attn_env(config: ModelConfig, page_size: int, num_pages: int, rows: int, width: int, device: str = "cpu"):
+    """设好 TP、全局 Context、KV 池（全是 NaN）和 page table（全指向 0 号毒页）；结束时一定清掉全局状态。"""
+    with global_env(page_size) as ctx:
+        init_kv(ctx, config, num_pages, rows, width, device)
+        yield ctx
 
 
 def allocate(ctx: Context, row: int, start: int, end: int, free_pages: List[int]) -> None:
@@ -396,24 +408,14 @@ def test_task3_padding_requests_do_not_change_real_ones(phase, seqs, num_dummies
 
 @contextmanager
 def model_env(path, page_size: int, num_pages: int, rows: int, width: int):
-    reset_global_ctx()
-    reset_tp_info()
-    set_tp_info(0, 1)
-    ctx = Context(page_size=page_size)
-    set_global_ctx(ctx)
-    try:
+    with global_env(page_size) as ctx:
         config = ModelConfig.from_hf(AutoConfig.from_pretrained(path))
         with torch.device("meta"), torch_dtype(torch.float32):
             model = create_model(config)
         model.load_state_dict({name: t.to(torch.float32) for name, t in load_weight(str(path), model)})
-        ctx.kv_cache = create_kvcache_pool(config, num_pages, page_size, torch.float32, torch.device("cpu"))
-        poison(ctx.kv_cache, config.num_layers)
-        ctx.page_table = torch.full((rows, width), POISON_PAGE * page_size, dtype=torch.int32)
+        init_kv(ctx, config, num_pages, rows, width)
         ctx.attn_backend = create_attention_backend("torch", config)
         yield ctx, model, config
-    finally:
-        reset_global_ctx()
-        reset_tp_info()
 
 
 def model_step(ctx, model, reqs: List[Req], phase: str, free: List[int], dummies: List[Req] = ()) -> torch.Tensor:

@@ -14,8 +14,8 @@ from contextlib import contextmanager
 import pytest
 import torch
 
-from minisgl.core import Batch, Req, SamplingParams, get_global_ctx, reset_global_ctx
-from minisgl.distributed import DistributedInfo, reset_tp_info, try_get_tp_info
+from minisgl.core import Batch, Req, SamplingParams, get_global_ctx
+from minisgl.distributed import DistributedInfo, try_get_tp_info
 from minisgl.engine import Engine, EngineConfig, ForwardOutput
 from minisgl.utils import div_ceil
 from tests.harness.course import PROMPTS
@@ -23,16 +23,6 @@ from tests.harness.reference import encode, hf_greedy
 
 N = 16  # 每个请求生成的 token 数
 MODEL = "qwen3-tied"
-
-
-@pytest.fixture(autouse=True)
-def clean_global_state():
-    """别的测试文件留下的全局 Context / TP 身份不该让这里失败；测试里面的清理由测试自己检查。"""
-    reset_global_ctx()
-    reset_tp_info()
-    yield
-    reset_global_ctx()
-    reset_tp_info()
 
 
 def make_engine(model, ps: int = 1, max_running_req: int = 4, num_pages: int | None = 256,

@@ -11,8 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minisgl.core import Batch, Req, SamplingParams, reset_global_ctx
-from minisgl.distributed import reset_tp_info
+from minisgl.core import Batch, Req, SamplingParams
 from minisgl.engine import BatchSamplingArgs, Sampler
 from minisgl.engine.sample import sample_impl
 from tests.harness.contract import parse_outputs, run_in_process
@@ -22,15 +21,6 @@ VOCAB = 50
 DRAWS = 20000
 TOL = 0.02  # 频率的最大绝对误差；20000 次抽样时一个标准差不超过 0.0036
 CPU = torch.device("cpu")
-
-
-@pytest.fixture(autouse=True)
-def clean_global_state():
-    reset_global_ctx()
-    reset_tp_info()
-    yield
-    reset_global_ctx()
-    reset_tp_info()
 
 
 def make_logits(seed: int = 1) -> torch.Tensor:
