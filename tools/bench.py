@@ -2,6 +2,7 @@
 
     python tools/bench.py                              # 有 models/Qwen3-0.6B 就用它，否则用离线小模型
     python tools/bench.py --model models/Qwen3-0.6B --steps 16 --repeat 3
+    python tools/bench.py --random-qwen3-0.6b          # 没有真权重：用同样形状的随机权重，访存量一样
 
 decode 是访存密集的：每一步都要把全部权重从内存读一遍。下限 = 权重字节数 / 实测的内存读带宽。
 batch 里多几个请求，读权重的代价几乎不变，所以好的实现 bs=4 每一步只比 bs=1 慢一点。
@@ -96,11 +97,18 @@ def main() -> None:
     ap.add_argument("--model")
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--repeat", type=int, default=3, help="每项测几次取最快的一次")
+    ap.add_argument("--random-qwen3-0.6b", dest="random_qwen3_06b", action="store_true",
+                    help="没有真权重时：写一个 Qwen3-0.6B 形状的随机权重检查点（约 2.4 GB）来测")
     args = ap.parse_args()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = args.model
-    if path is None:
+    if args.random_qwen3_06b:
+        from make_tiny_models import make_random_qwen3_06b
+
+        path = str(make_random_qwen3_06b())
+        print(f"Qwen3-0.6B 形状的随机权重：{path}（输出是乱码，但每步读的权重和真模型一样多）\n")
+    elif path is None:
         real = ROOT / "models" / "Qwen3-0.6B"
         if list(real.glob("*.safetensors")):
             path = str(real)

@@ -114,6 +114,32 @@ def make_model(name: str, out_dir: Path, tokenizer_dir: Path) -> Path:
     return path
 
 
+# 给基准测试用：和 Qwen3-0.6B 一样的形状（所以每步要读 ~2.2 GiB 的 fp32 权重），随机权重，配小分词器
+QWEN3_06B_SHAPE = dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+                       num_key_value_heads=8, head_dim=128, vocab_size=151936, max_position_embeddings=40960,
+                       rms_norm_eps=1e-6, rope_theta=1e6, tie_word_embeddings=True)
+
+
+def make_random_qwen3_06b(out: Path = ROOT / "models" / "random-qwen3-0.6b") -> Path:
+    """写一个 Qwen3-0.6B 形状的随机权重检查点（约 2.4 GB），已经写过就直接复用。"""
+    if (out / "TINY_MODEL").exists():
+        return out
+    from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config
+
+    tok_dir = DEFAULT_OUT / "_tokenizer"
+    if not (tok_dir / "tokenizer.json").exists():
+        train_tokenizer(tok_dir)
+    tok = AutoTokenizer.from_pretrained(tok_dir)
+    config = Qwen3Config(**QWEN3_06B_SHAPE, eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    _init_weights(model, SEED)
+    model.tie_weights()
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    (out / "TINY_MODEL").write_text(f"random weights with Qwen3-0.6B's shape, seed {SEED}\n")
+    return out
+
+
 def make_all(out: Path = DEFAULT_OUT, names: list[str] | None = None) -> dict[str, Path]:
     """写出（或复用已写好的）小模型；返回 名字 -> 目录。"""
     out.mkdir(parents=True, exist_ok=True)

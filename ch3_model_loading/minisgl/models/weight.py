@@ -76,11 +76,11 @@ def load_weight(model_path: str, model: BaseOP, device: torch.device | str = "cp
                 except KeyError:
                     raise KeyError(f"{os.path.basename(file)} 里的 {key} 在模型里没有对应的算子") from None
                 local = op.shard(f.get_tensor(key), part)
+                if total == 1:  # safetensors 给的是指向映射文件的视图：复制一份，引擎的权重才是自己的、对齐的内存
+                    yield name, local.clone()
+                    continue
                 if local.untyped_storage().nbytes() > local.nbytes:
                     local = local.clone()  # 切片还拽着整块原张量：复制出自己那份，原张量才能释放
-                if total == 1:
-                    yield name, local
-                    continue
                 group = pending.setdefault(name, {})
                 group[part] = local
                 if len(group) == total:  # 凑齐了：按 q,k,v / gate,up 的顺序拼成一块
