@@ -391,3 +391,23 @@ def test_task2_get_rope_shares_table_and_rejects_unknown_type():
         RotaryEmbedding(16, 16, 64, 10000.0, {"rope_type": "no_such_rope", "factor": 2.0})
     with pytest.raises(ValueError, match="no_such_rope"):
         get_rope(RotaryConfig(16, 16, 64, 10000.0, {"rope_type": "no_such_rope", "factor": 2.0}))
+
+
+def test_task2_linear_kernel_matches_f_linear(monkeypatch):
+    """linear() 在 CPU fp32 上走 oneDNN：和 F.linear 只差累加顺序；关掉快路径时逐位相同。"""
+    import platform
+
+    import torch.nn.functional as F
+
+    from minisgl.layers import linear as linear_mod
+
+    if platform.machine().lower() in ("x86_64", "amd64"):
+        assert linear_mod._ONEDNN, "x86-64 的 CPU 版 torch 应该带 oneDNN 的 linear：快路径没启用"
+    g = torch.Generator().manual_seed(7)
+    x, w, b = (torch.randn(*s, generator=g) for s in [(4, 96), (160, 96), (160,)])
+    for args in [(x, w, b), (x, w, None), (x[:1], w, b), (x.T.contiguous().T, w, b)]:
+        torch.testing.assert_close(linear_mod.linear(*args), F.linear(*args), rtol=1e-5, atol=1e-5)
+    xb, wb = x.bfloat16(), w.bfloat16()
+    assert torch.equal(linear_mod.linear(xb, wb), F.linear(xb, wb))  # 不是 fp32：退回 F.linear
+    monkeypatch.setattr(linear_mod, "_ONEDNN", False)
+    assert torch.equal(linear_mod.linear(x, w, b), F.linear(x, w, b))

@@ -16,6 +16,7 @@ from minisgl.distributed import DistributedCommunicator, get_tp_info
 from minisgl.utils import div_ceil
 
 from .base import _STATE_DICT, BaseOP
+from .linear import linear
 
 
 class VocabParallelEmbedding(BaseOP):
@@ -75,7 +76,7 @@ class ParallelLMHead(VocabParallelEmbedding):
         if batch.is_prefill:  # 只留每个请求的最后一个 token：(N, D) -> (bs, D)
             x = x[torch.tensor([r.extend_len for r in batch.reqs]).cumsum(0) - 1]
         weight = self.weight if self._tied is None else self._tied.weight
-        logits = F.linear(x, weight, self.bias)
+        logits = linear(x, weight, self.bias)
         if self._tp == 1:
             return logits
         bs = logits.shape[0]
