@@ -84,10 +84,11 @@ def step(engine: Engine, reqs: list[Req], phase: str, slots: Slots) -> list[int]
     engine.graph_runner.pad_batch(batch)
     for r in reqs:
         allocate(engine, r, slots)
-    batch.positions = torch.cat([torch.arange(r.cached_len, r.device_len) for r in batch.padded_reqs]).int()
+    positions = torch.cat([torch.arange(r.cached_len, r.device_len) for r in batch.padded_reqs])
     rows = torch.cat([torch.full((r.extend_len,), r.table_idx) for r in batch.padded_reqs])
-    batch.out_loc = engine.page_table[rows, batch.positions.long()]  # 每个新 token 的 KV 写到哪个槽位
-    batch.input_ids = slots.token_pool[rows, batch.positions.long()]
+    batch.positions = positions.to(engine.device, torch.int32)
+    batch.out_loc = engine.page_table[rows, positions]  # 每个新 token 的 KV 写到哪个槽位
+    batch.input_ids = slots.token_pool[rows, positions]
     engine.attn_backend.prepare_metadata(batch)  # 每个 batch 一次，各层共用；要在 page table 写好之后
     out = engine.forward_batch(batch, engine.sampler.prepare(batch))
     out.copy_done_event.synchronize()

@@ -67,8 +67,9 @@ class Milestone:
         engine = self.engine
         batch = Batch(reqs=reqs, phase=phase)
         engine.graph_runner.pad_batch(batch)
-        batch.positions = torch.cat([torch.arange(r.cached_len, r.device_len) for r in reqs]).int()
-        batch.input_ids = torch.cat([r.input_ids[r.cached_len:r.device_len] for r in reqs])
+        dev = engine.device  # GPU 上 batch 的字段要在引擎的设备上；CPU 上 .to 什么也不做
+        batch.positions = torch.cat([torch.arange(r.cached_len, r.device_len) for r in reqs]).to(dev, torch.int32)
+        batch.input_ids = torch.cat([r.input_ids[r.cached_len:r.device_len] for r in reqs]).to(dev)
         batch.out_loc = torch.cat([engine.page_table[r.table_idx, r.cached_len:r.device_len] for r in reqs])
         self.slots_written.update(batch.out_loc.tolist())
         engine.attn_backend.prepare_metadata(batch)

@@ -1,6 +1,7 @@
 """第 2 章：张量并行。一个进程里轮流扮演每个 rank，通信换成记录调用的假插件，再把各 rank 的结果合起来和不切的算一遍比。
 
-约定：all_reduce 原样返回（各 rank 的部分和由测试来加），all_gather 按 rank 顺序沿第 0 维拼接（测试先收集各 rank 的本地结果）。
+约定：all_reduce 原样返回（各 rank 的部分和由测试来加），
+all_gather 按 rank 顺序沿第 0 维拼接（测试先收集各 rank 的本地结果）。
 """
 
 from contextlib import contextmanager

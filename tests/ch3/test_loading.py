@@ -397,8 +397,10 @@ def qwen3_hf_shapes(hidden_size, intermediate_size, num_hidden_layers, num_atten
         p = f"model.layers.{i}."
         shapes.update({
             p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
-            p + "self_attn.q_proj.weight": (heads * head_dim, h), p + "self_attn.k_proj.weight": (kv_heads * head_dim, h),
-            p + "self_attn.v_proj.weight": (kv_heads * head_dim, h), p + "self_attn.o_proj.weight": (h, heads * head_dim),
+            p + "self_attn.q_proj.weight": (heads * head_dim, h),
+            p + "self_attn.k_proj.weight": (kv_heads * head_dim, h),
+            p + "self_attn.v_proj.weight": (kv_heads * head_dim, h),
+            p + "self_attn.o_proj.weight": (h, heads * head_dim),
             p + "self_attn.q_norm.weight": (head_dim,), p + "self_attn.k_norm.weight": (head_dim,),
             p + "mlp.gate_proj.weight": (inter, h), p + "mlp.up_proj.weight": (inter, h),
             p + "mlp.down_proj.weight": (h, inter)})

@@ -70,7 +70,8 @@ def test_task1_rope_scaling(tiny_models):
 
 
 def to_other_form(cfg):
-    """hub 老形式（顶层 rope_theta / rope_scaling / torch_dtype）和 transformers 5 形式（rope_parameters / dtype）互换。"""
+    """hub 老形式（顶层 rope_theta / rope_scaling / torch_dtype）
+    和 transformers 5 形式（rope_parameters / dtype）互换。"""
     cfg = copy.deepcopy(cfg)
     if "rope_parameters" in cfg:
         rope = dict(cfg.pop("rope_parameters"))
