@@ -2,7 +2,6 @@
 （各章目录没有 __init__.py，pytest 会把它们放上 sys.path，只写 common 会和别章的同名模块撞上）。"""
 
 import torch
-from safetensors import safe_open
 from transformers import AutoConfig
 
 from minisgl.distributed import reset_tp_info, set_tp_info
@@ -35,10 +34,3 @@ def load_into(model, path, dtype=torch.float32, rank=0, size=1):
         reset_tp_info()
 
 
-def hf_tensors(path):
-    """测试自己按 HF 原名读检查点（不经过被测的加载器）。"""
-    out = {}
-    for file in sorted(path.glob("*.safetensors")):
-        with safe_open(str(file), framework="pt") as f:
-            out.update({k: f.get_tensor(k) for k in f.keys()})
-    return out

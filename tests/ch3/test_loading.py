@@ -15,7 +15,8 @@ from safetensors.torch import save_file
 
 from minisgl.distributed import reset_tp_info, set_tp_info
 from minisgl.models import load_weight
-from tests.ch3.common import FAMILIES, MERGED, build_meta, config_of, hf_tensors, load_into
+from tests.ch3.common import FAMILIES, MERGED, build_meta, config_of, load_into
+from tests.harness.reference import hf_tensors
 
 TIED = {"qwen3-tied": True, "qwen3-untied": False, "qwen2": False, "llama3": True}
 

@@ -11,7 +11,8 @@ from transformers import Qwen3Config
 from minisgl.distributed import set_tp_info
 from minisgl.models import BaseLLMModel, ModelConfig, load_weight
 from minisgl.models.register import get_model_class
-from tests.ch3.common import FAMILIES, MERGED, build_meta, config_of, hf_tensors, load_into
+from tests.ch3.common import FAMILIES, MERGED, build_meta, config_of, load_into
+from tests.harness.reference import hf_tensors
 
 ARCHS = ["LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"]
 

@@ -35,5 +35,16 @@ def hf_greedy(model_dir: str | Path, prompt: str, n: int) -> tuple[list[int], to
     return tokens, torch.stack(logits)
 
 
+def hf_tensors(model_dir: str | Path) -> dict[str, torch.Tensor]:
+    """按 HF 原名读检查点里的全部张量（测试自己读，不经过被测的加载器）。"""
+    from safetensors import safe_open
+
+    out = {}
+    for file in sorted(Path(model_dir).glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as f:
+            out.update({k: f.get_tensor(k) for k in f.keys()})
+    return out
+
+
 def encode(model_dir: str | Path, prompt: str) -> list[int]:
     return load_hf(str(model_dir))[1](prompt).input_ids

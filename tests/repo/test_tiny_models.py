@@ -4,18 +4,10 @@ import hashlib
 import json
 
 import torch
-from safetensors import safe_open
 from transformers import AutoConfig, AutoTokenizer
 
 from make_tiny_models import FAMILIES, make_all
-
-
-def _weights(path):
-    out = {}
-    for f in sorted(path.glob("*.safetensors")):
-        with safe_open(str(f), framework="pt") as sf:
-            out.update({k: sf.get_tensor(k) for k in sf.keys()})
-    return out
+from tests.harness.reference import hf_tensors
 
 
 def _digest(path):
@@ -62,11 +54,11 @@ def test_both_config_json_forms(tiny_models):
 
 def test_norms_and_biases_are_not_defaults(tiny_models):
     for name, path in tiny_models.items():
-        w = _weights(path)
+        w = hf_tensors(path)
         norms = [k for k in w if k.endswith("norm.weight")]
         assert norms and all(not torch.allclose(w[k], torch.ones_like(w[k])) for k in norms), name
         for k in (k for k in w if k.endswith(".bias")):
             assert w[k].abs().min() > 0, k
-    assert any(k.endswith("q_proj.bias") for k in _weights(tiny_models["qwen2"]))
-    assert "lm_head.weight" not in _weights(tiny_models["qwen3-tied"])
-    assert "lm_head.weight" in _weights(tiny_models["qwen3-untied"])
+    assert any(k.endswith("q_proj.bias") for k in hf_tensors(tiny_models["qwen2"]))
+    assert "lm_head.weight" not in hf_tensors(tiny_models["qwen3-tied"])
+    assert "lm_head.weight" in hf_tensors(tiny_models["qwen3-untied"])
