@@ -142,6 +142,9 @@ def make_random_qwen3_06b(out: Path = ROOT / "models" / "random-qwen3-0.6b") -> 
 
 def make_all(out: Path = DEFAULT_OUT, names: list[str] | None = None) -> dict[str, Path]:
     """写出（或复用已写好的）小模型；返回 名字 -> 目录。"""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # 测试日志里不要进度条
     out.mkdir(parents=True, exist_ok=True)
     tok_dir = out / "_tokenizer"
     if not (tok_dir / "tokenizer.json").exists():
