@@ -24,7 +24,7 @@ from .base import BaseAttnBackend, BaseAttnMetadata
 class TorchAttnMetadata(BaseAttnMetadata):
     cu_seqlens_q: torch.Tensor  # (padded_bs + 1,) int32：每个请求新 token 在这一步输入里的起止
     cu_seqlens_k: torch.Tensor  # (padded_bs + 1,) int32：每个请求全部历史在 indices 里的起止
-    indices: torch.Tensor  # (Σ device_len,) 每个请求全部历史的 KV 槽位，首尾相接
+    indices: torch.Tensor  # (Σ device_len,) int64：每个请求全部历史的 KV 槽位，首尾相接（int64 直接拿来索引）
     seqs: List[Tuple[int, int, int, int, int]]  # 每个请求 (q 起, q 止, k 起, k 止, cached_len)，切片用的 Python 整数
 
     def get_last_indices(self, bs: int) -> torch.Tensor:
@@ -52,7 +52,7 @@ class TorchBackend(BaseAttnBackend):
         batch.attn_metadata = TorchAttnMetadata(
             cu_seqlens_q=cu_q,
             cu_seqlens_k=cu_k,
-            indices=torch.cat([page_table[r.table_idx, :r.device_len] for r in reqs]),
+            indices=torch.cat([page_table[r.table_idx, :r.device_len] for r in reqs]).long(),  # 每个 batch 转一次
             seqs=[(q_bounds[i], q_bounds[i + 1], k_bounds[i], k_bounds[i + 1], r.cached_len)
                   for i, r in enumerate(reqs)],
         )
@@ -61,8 +61,8 @@ class TorchBackend(BaseAttnBackend):
         meta: TorchAttnMetadata = batch.attn_metadata
         self.kvcache.store_kv(k, v, batch.out_loc, layer_id)  # 先写：新 token 也要看见自己
         kv_shape = (-1, self.num_kv_heads, self.head_dim)
-        k_all = self.kvcache.k_cache(layer_id).view(kv_shape)[meta.indices.long()]  # 一次取出整个 batch 的历史
-        v_all = self.kvcache.v_cache(layer_id).view(kv_shape)[meta.indices.long()]
+        k_all = self.kvcache.k_cache(layer_id).view(kv_shape)[meta.indices]  # 一次取出整个 batch 的历史
+        v_all = self.kvcache.v_cache(layer_id).view(kv_shape)[meta.indices]
         out = torch.empty_like(q)
         for q0, q1, k0, k1, cached_len in meta.seqs:
             out[q0:q1] = self._attend(q[q0:q1], k_all[k0:k1], v_all[k0:k1], cached_len)
