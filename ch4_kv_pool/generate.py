@@ -17,12 +17,12 @@ from dataclasses import dataclass
 
 import torch
 from safetensors.torch import save_file
-from transformers import AutoConfig, AutoTokenizer
+from transformers import AutoTokenizer
 
 from minisgl.core import Batch, Context, Req, SamplingParams, get_global_ctx, reset_global_ctx, set_global_ctx
 from minisgl.distributed import reset_tp_info, set_tp_info
 from minisgl.kvcache import create_kvcache_pool
-from minisgl.models import BaseLLMModel, ModelConfig, create_model, load_weight
+from minisgl.models import BaseLLMModel, ModelConfig, create_model, load_hf_config, load_weight
 from minisgl.utils import div_ceil, torch_dtype
 
 PAGED = True  # 从本章起有分页 KV
@@ -53,7 +53,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def load_model(path: str, dtype: torch.dtype = torch.float32) -> tuple[BaseLLMModel, ModelConfig]:
     """先在 meta 设备上"画"出模型（不分配内存），再把流式读出、切好、合并好的权重换进去，边收边转 dtype。"""
-    config = ModelConfig.from_hf(AutoConfig.from_pretrained(path))
+    config = ModelConfig.from_hf(load_hf_config(path))
     with torch.device("meta"), torch_dtype(dtype):
         model = create_model(config)
     model.load_state_dict({name: tensor.to(dtype) for name, tensor in load_weight(path, model)})

@@ -132,6 +132,8 @@ def main(argv: list[str] | None = None) -> None:
     # 每个请求最多写 len + n - 1 个位置的 KV（最后采出的那个 token 不再前向），按页向上取整
     if args.num_pages is None:
         args.num_pages = sum(div_ceil(len(ids) + n - 1, ps) for ids in prompt_ids)
+    if args.num_pages < len(prompt_ids):  # Engine 也会拒绝；这里先说出是哪个命令行参数
+        sys.exit(f"错误：--num-pages {args.num_pages} 少于请求数 {len(prompt_ids)}：每个请求至少要一页")
     need = max(map(len, prompt_ids)) + n
     max_seq_len = args.max_seq_len or need
     if need > max_seq_len:  # 请求进来之前就拒绝：它的槽位会超出 page table 的一行

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 
-from minisgl.core import get_global_ctx
+from minisgl.core import check_token_ids, get_global_ctx
 from minisgl.naive import naive_attention
 
 W: dict[str, torch.Tensor] = {}  # 全部权重，一次读完
@@ -67,6 +67,7 @@ def forward() -> torch.Tensor:
     """读 ctx.batch.input_ids / positions（各请求的新 token 首尾相接，共 N 个）；
     返回每个请求最后一个 token 的 logits: (bs, vocab)。"""
     batch = get_global_ctx().batch
+    check_token_ids(batch.input_ids, cfg["vocab_size"])
     x = W["model.embed_tokens.weight"][batch.input_ids]
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."

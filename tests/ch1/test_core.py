@@ -12,6 +12,15 @@ def make_req(prompt_len=5, n=3, cached_len=0, table_idx=0):
                output_len=n, uid=table_idx, sampling_params=SamplingParams(max_tokens=n), cache_handle=None)
 
 
+def ready_batch(reqs, phase="prefill"):
+    """字段都填好的 batch：ctx.forward_batch 会先检查它。"""
+    b = Batch(reqs=reqs, phase=phase)
+    b.padded_reqs = reqs
+    b.input_ids = torch.cat([r.input_ids[r.cached_len:r.device_len] for r in reqs])
+    b.positions = torch.cat([torch.arange(r.cached_len, r.device_len, dtype=torch.int32) for r in reqs])
+    return b
+
+
 def lengths(r):
     return r.cached_len, r.device_len, r.max_device_len, r.extend_len, r.remain_len, r.can_decode
 
@@ -68,7 +77,7 @@ def test_task2_context_batch_only_inside_forward():
     ctx = Context(page_size=1)
     with pytest.raises(RuntimeError, match="batch"):
         ctx.batch
-    b = Batch(reqs=[make_req()], phase="prefill")
+    b = ready_batch([make_req()])
     with ctx.forward_batch(b):
         assert ctx.batch is b
         with pytest.raises(RuntimeError, match="嵌套"):
@@ -81,7 +90,7 @@ def test_task2_context_batch_only_inside_forward():
 def test_task2_context_is_reset_even_when_forward_fails():
     ctx = Context(page_size=1)
     with pytest.raises(ZeroDivisionError):
-        with ctx.forward_batch(Batch(reqs=[make_req()], phase="prefill")):
+        with ctx.forward_batch(ready_batch([make_req()])):
             1 / 0
     assert ctx._batch is None
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from minisgl.core import get_global_ctx
+from minisgl.core import check_token_ids, get_global_ctx
 from minisgl.distributed import DistributedCommunicator, get_tp_info
 from minisgl.utils import div_ceil
 
@@ -41,6 +41,7 @@ class VocabParallelEmbedding(BaseOP):
         return local
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        check_token_ids(x, self.num_embeddings)  # 每次前向一次：越界的 id 在下面会查出 0 或者看不懂的 IndexError
         if self._tp == 1:
             return F.embedding(x, self.weight)
         start, length = self.vocab_range

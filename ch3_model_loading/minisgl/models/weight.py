@@ -12,7 +12,7 @@ import os
 from typing import Dict, Iterator, Tuple
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from minisgl.layers import BaseOP, OPList
 
@@ -20,12 +20,17 @@ from minisgl.layers import BaseOP, OPList
 _MERGED = {".q_proj.": (".qkv_proj.", 0, 3), ".k_proj.": (".qkv_proj.", 1, 3), ".v_proj.": (".qkv_proj.", 2, 3),
            ".gate_proj.": (".gate_up_proj.", 0, 2), ".up_proj.": (".gate_up_proj.", 1, 2)}
 _SKIPPED = (".rotary_emb.inv_freq",)  # 老检查点里存的 RoPE 频率：可以算出来，不是权重
+_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)  # 量化的（int8、fp8…）阶段一不支持
 
 
 def safetensors_files(model_path: str) -> list[str]:
     index = os.path.join(model_path, "model.safetensors.index.json")
     if os.path.isfile(index):  # 分片：以索引为准，缺哪个分片就说哪个
-        names = sorted(set(json.load(open(index))["weight_map"].values()))
+        try:
+            with open(index) as f:
+                names = sorted(set(json.load(f)["weight_map"].values()))
+        except (ValueError, KeyError, AttributeError) as e:  # JSON 坏了，或者没有 weight_map
+            raise ValueError(f"{index} 不是有效的分片索引（要有 weight_map）：{e!r}") from None
         missing = [n for n in names if not os.path.isfile(os.path.join(model_path, n))]
         if missing:
             raise FileNotFoundError(f"{index} 列出的分片不存在：{missing}")
@@ -39,6 +44,14 @@ def safetensors_files(model_path: str) -> list[str]:
         raise ValueError(f"{model_path} 只有 {pickles}：这是 pickle 格式，加载它等于执行任意代码，"
                          f"这里只读 safetensors。请下载或转换成 .safetensors")
     raise FileNotFoundError(f"{model_path} 里没有 *.safetensors 权重文件")
+
+
+def _open(file: str, device: torch.device | str):
+    """截断或损坏的文件在读文件头时就会出错：报出是哪个文件，而不是一句不带文件名的 SafetensorError。"""
+    try:
+        return safe_open(file, framework="pt", device=str(device))
+    except SafetensorError as e:
+        raise ValueError(f"{file} 不是完整的 safetensors 文件（截断了或者损坏了？重新下载它）：{e}") from None
 
 
 def find_op(root: BaseOP, name: str) -> BaseOP:
@@ -66,7 +79,7 @@ def load_weight(model_path: str, model: BaseOP, device: torch.device | str = "cp
     """逐个交出 (引擎里的名字, 本 rank 的张量)。dtype 不在这里转：调用方边收边转，省得多留一份。"""
     pending: Dict[str, Dict[int, torch.Tensor]] = {}
     for file in safetensors_files(model_path):
-        with safe_open(file, framework="pt", device=str(device)) as f:
+        with _open(file, device) as f:
             for key in f.keys():
                 if key.endswith(_SKIPPED):
                     continue
@@ -75,7 +88,11 @@ def load_weight(model_path: str, model: BaseOP, device: torch.device | str = "cp
                     op = find_op(model, name.rsplit(".", 1)[0])
                 except KeyError:
                     raise KeyError(f"{os.path.basename(file)} 里的 {key} 在模型里没有对应的算子") from None
-                local = op.shard(f.get_tensor(key), part)
+                full = f.get_tensor(key)
+                if full.dtype not in _FLOAT_DTYPES:  # 引擎会 .to(dtype)：整数或 fp8 会被悄悄转成错的权重
+                    raise ValueError(f"{os.path.basename(file)} 里的 {key} 是 {full.dtype}，"
+                                     f"权重只能是 float32/bfloat16/float16（量化的检查点阶段一不支持）")
+                local = op.shard(full, part)
                 if total == 1:  # safetensors 给的是指向映射文件的视图：复制一份，引擎的权重才是自己的、对齐的内存
                     yield name, local.clone()
                     continue

@@ -6,13 +6,47 @@
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass
 
-from transformers import PretrainedConfig
+from transformers import AutoConfig, PretrainedConfig
 
 from minisgl.layers.rotary import RotaryConfig
 
-__all__ = ["ModelConfig", "RotaryConfig"]
+__all__ = ["ModelConfig", "RotaryConfig", "load_hf_config"]
+
+# config.json 里必须写明的字段：transformers 对缺的字段会悄悄填上默认值（比如 hidden_size=4096），
+# 那样的错要等到加载权重时才以形状不符的面目出现
+NEEDED_FIELDS = ("architectures", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                 "vocab_size", "max_position_embeddings", "rms_norm_eps")
+
+
+def load_hf_config(model_path: str) -> PretrainedConfig:
+    """读模型目录的 config.json：目录、文件、结构、必需字段，哪里不对就说出哪里，再交给 AutoConfig。"""
+    from .register import supported_architectures  # register 依赖本模块：在函数里导入，避免循环导入
+
+    if not os.path.exists(model_path):
+        raise FileNotFoundError(f"模型目录 {model_path!r} 不存在。下载真权重："
+                                f"hf download Qwen/Qwen3-0.6B --local-dir models/Qwen3-0.6B")
+    if not os.path.isdir(model_path):
+        raise NotADirectoryError(f"模型路径 {model_path!r} 不是目录：要给 Hugging Face 格式的模型目录")
+    file = os.path.join(model_path, "config.json")
+    if not os.path.isfile(file):  # 别让 AutoConfig 把它当成 hub 上的名字去联网
+        raise FileNotFoundError(f"模型目录 {model_path!r} 里没有 config.json")
+    try:
+        with open(file) as f:
+            raw = json.load(f)
+    except ValueError as e:
+        raise ValueError(f"{file} 不是有效的 JSON：{e}") from None
+    text = raw.get("text_config") or raw  # 多模态模型的文本部分
+    missing = [k for k in NEEDED_FIELDS if k not in text and k not in raw]
+    archs = raw.get("architectures") or text.get("architectures") or []
+    if archs and archs[0] not in supported_architectures():
+        raise ValueError(f"{file}: 不支持的模型结构 {archs[0]!r}；支持：{', '.join(supported_architectures())}")
+    if missing:
+        raise ValueError(f"{file} 缺少必需的字段 {missing}")
+    return AutoConfig.from_pretrained(model_path)
 
 
 @dataclass(frozen=True)

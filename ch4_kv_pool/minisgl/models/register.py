@@ -13,7 +13,11 @@ _MODEL_REGISTRY: dict[str, type[BaseLLMModel]] = {
 }
 
 
+def supported_architectures() -> list[str]:
+    return sorted(_MODEL_REGISTRY)
+
+
 def get_model_class(model_architecture: str, model_config: ModelConfig) -> BaseLLMModel:
     if model_architecture not in _MODEL_REGISTRY:
-        raise ValueError(f"不支持的模型结构 {model_architecture!r}；支持：{', '.join(sorted(_MODEL_REGISTRY))}")
+        raise ValueError(f"不支持的模型结构 {model_architecture!r}；支持：{', '.join(supported_architectures())}")
     return _MODEL_REGISTRY[model_architecture](model_config)

@@ -8,7 +8,7 @@ from typing import Callable, Dict
 from minisgl.models import ModelConfig
 
 from .base import BaseAttnBackend, BaseAttnMetadata, HybridBackend
-from .gpu import create_gpu_backend
+from .gpu import create_gpu_backend, require_gpu
 from .torch_backend import TorchAttnMetadata, TorchBackend
 
 BackendCreator = Callable[[ModelConfig], BaseAttnBackend]
@@ -27,6 +27,8 @@ def validate_attn_backend(backend: str, allow_auto: bool = True) -> str:
     if len(names) > 2 or unknown or not all(names):
         raise ValueError(f"不认识的注意力后端 {backend!r}：可选 {', '.join(SUPPORTED_ATTENTION_BACKENDS)}，"
                          f"或者 \"prefill,decode\" 两个名字用一个逗号连起来")
+    for name in names:  # 没有 GPU 却要 GPU 后端：在配置时就报错，不等加载完权重
+        require_gpu(name)
     return backend
 
 

@@ -17,11 +17,19 @@ from .base import BaseAttnBackend
 _NEEDS = {"fi": ("flashinfer", "FlashInfer"), "fa": ("sgl_kernel", "FlashAttention（sgl_kernel）")}
 
 
-def create_gpu_backend(name: str, config: ModelConfig) -> BaseAttnBackend:
+def require_gpu(name: str) -> None:
+    """name 是 GPU 后端时，查这台机器有没有 GPU 和对应的包；'torch' 什么都不查。"""
+    if name not in _NEEDS:
+        return
     module, title = _NEEDS[name]
     if not torch.cuda.is_available():
         raise RuntimeError(f"注意力后端 {name!r} 是 {title}，需要 CUDA GPU；这台机器没有 GPU，请用 'torch'")
     if importlib.util.find_spec(module) is None:
         raise RuntimeError(f"注意力后端 {name!r} 需要 Python 包 {module}，没有安装；请安装它或改用 'torch'")
+
+
+def create_gpu_backend(name: str, config: ModelConfig) -> BaseAttnBackend:
+    require_gpu(name)
+    title = _NEEDS[name][1]
     raise NotImplementedError(f"阶段一只实现了 'torch' 后端；{title} 后端见官方 mini-sglang 的 "
                               f"python/minisgl/attention/{name}.py")

@@ -1,15 +1,15 @@
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from functools import cached_property
 from typing import List
 
 import torch
-from transformers import AutoConfig, PretrainedConfig
+from transformers import PretrainedConfig
 
+from minisgl.attention import validate_attn_backend
 from minisgl.distributed import DistributedInfo
-from minisgl.models import ModelConfig
+from minisgl.models import ModelConfig, load_hf_config
 
 
 @dataclass(frozen=True)
@@ -31,12 +31,24 @@ class EngineConfig:
     max_seq_len_override: int | None = None
     num_page_override: int | None = None
 
+    def __post_init__(self) -> None:
+        """配置本身就不可能工作时，构造时就报错：别等到加载完权重、建 KV 池或注意力后端时才发现。"""
+        for name in ("page_size", "max_running_req", "num_page_override", "max_seq_len_override"):
+            value = getattr(self, name)
+            if value is None and name.endswith("override"):
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"EngineConfig.{name}={value!r}：必须是正整数")
+        if self.num_page_override is not None and self.num_page_override < self.max_running_req:
+            raise ValueError(f"EngineConfig.num_page_override={self.num_page_override} 页的 KV 池太小："
+                             f"max_running_req={self.max_running_req} 个请求每个至少要一页")
+        if not 0.0 < self.memory_ratio <= 1.0:
+            raise ValueError(f"EngineConfig.memory_ratio={self.memory_ratio!r}：应当在 (0, 1] 里")
+        validate_attn_backend(self.attention_backend)  # 不认识的名字、没有 GPU 却要 GPU 后端
+
     @cached_property
     def hf_config(self) -> PretrainedConfig:
-        if not os.path.isfile(os.path.join(self.model_path, "config.json")):  # 别让 AutoConfig 去连 hub
-            raise FileNotFoundError(f"model_path={self.model_path!r}：找不到 config.json。下载真权重："
-                                    f"hf download Qwen/Qwen3-0.6B --local-dir models/Qwen3-0.6B")
-        return AutoConfig.from_pretrained(self.model_path)
+        return load_hf_config(self.model_path)  # 目录、config.json、结构、必需字段：哪里不对说哪里
 
     @cached_property
     def model_config(self) -> ModelConfig:

@@ -112,8 +112,9 @@ class Engine:
             num_pages = min(useful, int(config.memory_ratio * free) // cache_per_page)
         else:
             raise RuntimeError("这台机器上查不到可用内存：请设置 EngineConfig.num_page_override")
-        if num_pages < 1:
-            raise RuntimeError(f"KV 池至少要 1 页，现在算出来是 {num_pages}（每页 {cache_per_page} 字节）")
+        if num_pages < config.max_running_req:  # 每个同时在跑的请求至少要一页
+            raise RuntimeError(f"KV 池只有 {num_pages} 页（每页 {cache_per_page} 字节），不够 max_running_req="
+                               f"{config.max_running_req} 个请求每个一页：调小 max_running_req 或设 num_page_override")
         return num_pages
 
     def forward_batch(self, batch: Batch, args: BatchSamplingArgs) -> ForwardOutput:

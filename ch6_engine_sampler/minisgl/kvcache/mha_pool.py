@@ -17,6 +17,11 @@ from .base import BaseKVCachePool
 class MHAKVCache(BaseKVCachePool):
     def __init__(self, num_kv_heads: int, num_layers: int, head_dim: int, num_pages: int, page_size: int,
                  dtype: torch.dtype, device: torch.device) -> None:
+        sizes = dict(num_kv_heads=num_kv_heads, num_layers=num_layers, head_dim=head_dim, num_pages=num_pages,
+                     page_size=page_size)
+        bad = {k: v for k, v in sizes.items() if isinstance(v, bool) or not isinstance(v, int) or v < 1}
+        if bad:  # 在这里拒绝：否则是一个空的池，或者 torch.zeros 报一个看不出是哪个参数的错
+            raise ValueError(f"MHAKVCache: {bad} 都必须是正整数")
         self.local_kv_heads = div_even(num_kv_heads, get_tp_info().size, allow_replicate=True)
         self.num_pages, self.page_size, self.head_dim = num_pages, page_size, head_dim
         # 官方在 GPU 上用 torch.empty；CPU 上先清零：否则操作系统按需分配内存，每个新槽位第一次写入都要缺一次页，
