@@ -1,0 +1,263 @@
+"""第 3 章起：模型目录和权重文件出错时，报错说出是哪个路径、哪个文件、哪个字段、哪个张量；绝不 unpickle。
+最后是加载器"切 + 合并"的性质测试：随机形状的检查点按 TP=1、2、4 加载，各 rank 的分片拼回去等于完整的张量。
+
+（缺张量、多出来的张量、形状不符、只有 pickle 的检查点见 test_loading.py 的 task6。）
+"""
+
+import json
+import pickle
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from safetensors.torch import load as load_safetensors_bytes
+from safetensors.torch import save_file
+
+from minisgl.distributed import reset_tp_info, set_tp_info
+from minisgl.models import ModelConfig, RotaryConfig, load_hf_config, load_weight
+from tests.ch3.common import build_meta, config_of, load_into
+
+ARCHS = ["LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"]
+NEEDED = ["architectures", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+          "vocab_size", "max_position_embeddings", "rms_norm_eps"]
+
+
+def stream(path, model, rank=0, size=1):
+    set_tp_info(rank, size)
+    try:
+        return list(load_weight(str(path), model))
+    finally:
+        reset_tp_info()
+
+
+def copy_model(tiny_models, name, tmp_path):
+    return shutil.copytree(tiny_models[name], tmp_path / name)
+
+
+def edit_config(path, **changes):
+    cfg = json.loads((path / "config.json").read_text())
+    for k, v in changes.items():
+        if v is None:
+            cfg.pop(k, None)
+        else:
+            cfg[k] = v
+    (path / "config.json").write_text(json.dumps(cfg))
+
+
+# ---------------------------------------------------------------- 模型目录和 config.json
+
+def test_model_path_missing(tmp_path):
+    missing = tmp_path / "no_such_model"
+    with pytest.raises(FileNotFoundError) as e:
+        load_hf_config(str(missing))
+    assert str(missing) in str(e.value)
+
+
+def test_model_path_is_a_file(tmp_path):
+    file = tmp_path / "model.safetensors"
+    file.write_bytes(b"")
+    with pytest.raises(NotADirectoryError) as e:
+        load_hf_config(str(file))
+    assert str(file) in str(e.value)
+
+
+def test_model_dir_without_config_json(tiny_models, tmp_path):
+    path = copy_model(tiny_models, "qwen3-tied", tmp_path)
+    (path / "config.json").unlink()
+    with pytest.raises(FileNotFoundError) as e:
+        load_hf_config(str(path))
+    assert str(path) in str(e.value) and "config.json" in str(e.value)
+
+
+def test_config_json_not_json(tiny_models, tmp_path):
+    path = copy_model(tiny_models, "qwen3-tied", tmp_path)
+    (path / "config.json").write_text('{"architectures": ["Qwen3ForCausalLM"],')
+    with pytest.raises(ValueError) as e:
+        load_hf_config(str(path))
+    assert str(path / "config.json") in str(e.value)
+
+
+@pytest.mark.parametrize("arch", ["GPT2LMHeadModel", "MistralForCausalLM"])
+def test_unsupported_architecture_lists_supported(tiny_models, tmp_path, arch):
+    """在读权重之前就拒绝，说出它的名字并列出支持的三个。"""
+    path = copy_model(tiny_models, "qwen3-tied", tmp_path)
+    edit_config(path, architectures=[arch])
+    with pytest.raises(ValueError) as e:
+        load_hf_config(str(path))
+    msg = str(e.value)
+    assert arch in msg and all(a in msg for a in ARCHS), msg
+
+
+@pytest.mark.parametrize("field", NEEDED)
+def test_config_missing_a_needed_field(tiny_models, tmp_path, field):
+    """缺了就会被 transformers 悄悄填上默认值（比如 hidden_size=4096）的字段：说出缺哪个、在哪个文件。"""
+    path = copy_model(tiny_models, "qwen2", tmp_path)
+    edit_config(path, **{field: None})
+    with pytest.raises(ValueError) as e:
+        load_hf_config(str(path))
+    assert field in str(e.value) and str(path / "config.json") in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("name", ["qwen3-tied", "qwen3-untied", "qwen2", "llama3"])
+def test_good_configs_load_the_same_as_autoconfig(tiny_models, name):
+    assert ModelConfig.from_hf(load_hf_config(str(tiny_models[name]))) == config_of(tiny_models[name])
+
+
+# ---------------------------------------------------------------- 权重文件
+
+@pytest.mark.parametrize("cut", ["half", "header_only", "garbage"])
+def test_truncated_or_corrupted_safetensors(tiny_models, tmp_path, cut):
+    path = copy_model(tiny_models, "qwen3-tied", tmp_path)
+    file = path / "model.safetensors"
+    data = file.read_bytes()
+    header_end = 8 + int.from_bytes(data[:8], "little")
+    file.write_bytes({"half": data[:len(data) // 2], "header_only": data[:header_end],
+                      "garbage": b"\x00not a safetensors file" * 4}[cut])
+    model = build_meta(config_of(path))
+    with pytest.raises(ValueError) as e:
+        stream(path, model)
+    assert str(file) in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int8, torch.float8_e4m3fn])
+def test_tensor_of_wrong_dtype(tiny_models, tmp_path, dtype):
+    """整数或 fp8 的权重会被引擎的 .to(dtype) 悄悄转成错的数：加载时就拒绝，说出张量和文件。"""
+    path = copy_model(tiny_models, "qwen3-tied", tmp_path)
+    file = path / "model.safetensors"
+    tensors = load_safetensors_bytes(file.read_bytes())
+    key = "model.layers.1.mlp.down_proj.weight"
+    tensors[key] = tensors[key].to(dtype)
+    save_file(tensors, str(file))
+    model = build_meta(config_of(path))
+    with pytest.raises(ValueError) as e:
+        stream(path, model)
+    msg = str(e.value)
+    assert key in msg and "model.safetensors" in msg and str(dtype) in msg, msg
+
+
+def test_broken_shard_index(tiny_models, tmp_path):
+    path = copy_model(tiny_models, "qwen3-untied", tmp_path)
+    index = path / "model.safetensors.index.json"
+    index.write_text(json.dumps({"metadata": {}}))  # 没有 weight_map
+    model = build_meta(config_of(path))
+    with pytest.raises(ValueError) as e:
+        stream(path, model)
+    assert str(index) in str(e.value) and "weight_map" in str(e.value)
+
+
+def test_no_code_path_unpickles(tiny_models, tmp_path, monkeypatch):
+    """pickle 和 torch.load 一被调用就失败；目录里还放着一个会留下痕迹的 pytorch_model.bin：
+    整个加载（配置 + 流式读权重 + 换进模型）照样成功，而且那个 .bin 从没被打开过。"""
+    path = copy_model(tiny_models, "qwen3-untied", tmp_path)
+    marker = tmp_path / "was_unpickled"
+
+    class Trap:
+        def __reduce__(self):
+            return open, (str(marker), "w")
+
+    (path / "pytorch_model.bin").write_bytes(pickle.dumps(Trap()))
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("加载器调用了 pickle / torch.load")
+
+    for target, name in [(pickle, "load"), (pickle, "loads"), (pickle, "Unpickler"), (torch, "load")]:
+        monkeypatch.setattr(target, name, forbidden)
+    config = ModelConfig.from_hf(load_hf_config(str(path)))
+    model = build_meta(config)
+    load_into(model, path)
+    assert not marker.exists()
+    assert model.state_dict()["model.norm.weight"].device.type == "cpu"
+
+
+# ---------------------------------------------------------------- 性质测试：切 + 合并，拼回去等于完整张量
+
+@st.composite
+def checkpoints(draw):
+    hq = draw(st.sampled_from([4, 8]))
+    hkv = draw(st.sampled_from([h for h in (1, 2, 4) if hq % h == 0]))
+    head_dim = draw(st.sampled_from([4, 8]))
+    return dict(arch=draw(st.sampled_from(ARCHS)), hq=hq, hkv=hkv, head_dim=head_dim,
+                hidden=draw(st.sampled_from([8, 16])), inter=4 * draw(st.integers(1, 3)),
+                vocab=draw(st.sampled_from([16, 18, 21])), layers=draw(st.integers(1, 2)), tie=draw(st.booleans()),
+                seed=draw(st.integers(0, 2**31 - 1)))
+
+
+def model_config(c):
+    return ModelConfig(num_layers=c["layers"], num_qo_heads=c["hq"], num_kv_heads=c["hkv"], head_dim=c["head_dim"],
+                       hidden_size=c["hidden"], vocab_size=c["vocab"], intermediate_size=c["inter"],
+                       rms_norm_eps=1e-6, rotary_config=RotaryConfig(c["head_dim"], c["head_dim"], 64, 1e4, None),
+                       hidden_act="silu", tie_word_embeddings=c["tie"], model_type="test",
+                       architectures=[c["arch"]])
+
+
+def write_checkpoint(config, dirname, seed):
+    """按 HF 的名字（q/k/v、gate/up 分开）写一个随机权重的检查点；形状从 TP=1 的模型反推。"""
+    g = torch.Generator().manual_seed(seed)
+    hq, hkv, d = config.num_qo_heads, config.num_kv_heads, config.head_dim
+    hf = {}
+    for key, t in build_meta(config).state_dict().items():
+        if ".qkv_proj." in key:
+            for part, n in (("q_proj", hq), ("k_proj", hkv), ("v_proj", hkv)):
+                hf[key.replace("qkv_proj", part)] = torch.randn(n * d, *t.shape[1:], generator=g)
+        elif ".gate_up_proj." in key:
+            for part in ("gate_proj", "up_proj"):
+                hf[key.replace("gate_up_proj", part)] = torch.randn(t.shape[0] // 2, *t.shape[1:], generator=g)
+        else:
+            hf[key] = torch.randn(*t.shape, generator=g)
+    save_file(hf, str(Path(dirname) / "model.safetensors"))
+    return hf
+
+
+def recombine(key, shards, config):
+    """各 rank 的分片 -> HF 名字下的完整张量（从头按切法拼，不用被测的代码）。"""
+    tp, d = len(shards), config.head_dim
+    if ".qkv_proj." in key:
+        nq, nkv = config.num_qo_heads // tp, max(1, config.num_kv_heads // tp)
+        q = torch.cat([s[:nq * d] for s in shards])
+        k_parts = [s[nq * d:(nq + nkv) * d] for s in shards]
+        v_parts = [s[(nq + nkv) * d:] for s in shards]
+        step = max(1, tp // config.num_kv_heads)  # KV 头少于 TP 份数时，相邻 step 个 rank 共用一个头的副本
+        for r in range(tp):
+            assert torch.equal(k_parts[r], k_parts[r - r % step]) and torch.equal(v_parts[r], v_parts[r - r % step])
+        return {key.replace("qkv_proj", "q_proj"): q,
+                key.replace("qkv_proj", "k_proj"): torch.cat(k_parts[::step]),
+                key.replace("qkv_proj", "v_proj"): torch.cat(v_parts[::step])}
+    if ".gate_up_proj." in key:
+        half = shards[0].shape[0] // 2
+        return {key.replace("gate_up_proj", "gate_proj"): torch.cat([s[:half] for s in shards]),
+                key.replace("gate_up_proj", "up_proj"): torch.cat([s[half:] for s in shards])}
+    if ".o_proj." in key or ".down_proj." in key:
+        return {key: torch.cat(shards, dim=1)}
+    if "embed_tokens" in key or "lm_head" in key:
+        full = torch.cat(shards)
+        assert not full[config.vocab_size:].any(), "词表补齐的行应当是 0"
+        return {key: full[:config.vocab_size]}
+    assert all(torch.equal(s, shards[0]) for s in shards), f"{key} 应当每个 rank 一份完整的"
+    return {key: shards[0]}
+
+
+@settings(max_examples=25, deadline=None, derandomize=True, database=None)
+@given(c=checkpoints())
+def test_tp_shards_recombine_to_full_tensors(c):
+    config = model_config(c)
+    with tempfile.TemporaryDirectory() as dirname:
+        hf = write_checkpoint(config, dirname, c["seed"])
+        for tp in (1, 2, 4):
+            per_rank = []
+            for rank in range(tp):
+                model = build_meta(config, rank=rank, size=tp)
+                shapes = {k: tuple(t.shape) for k, t in model.state_dict().items()}
+                got = dict(stream(dirname, model, rank, tp))
+                assert got.keys() == shapes.keys()
+                assert all(tuple(t.shape) == shapes[k] for k, t in got.items()), f"tp={tp} rank={rank} 形状不对"
+                per_rank.append(got)
+            rebuilt = {}
+            for key in per_rank[0]:
+                rebuilt.update(recombine(key, [r[key] for r in per_rank], config))
+            assert rebuilt.keys() == hf.keys(), f"tp={tp}"
+            for key, full in hf.items():
+                assert torch.equal(rebuilt[key], full), f"tp={tp} {key}（{c}）"
