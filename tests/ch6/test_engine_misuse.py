@@ -1,0 +1,262 @@
+"""第 6 章：引擎的配置、模型目录和送进 forward_batch 的 batch，错了都在最早的地方报错并说出是哪个。
+
+配置错误在 EngineConfig 构造时就报（不读任何文件：这里的 model_path 根本不存在）；模型目录的错误在读权重之前；
+batch 的错误在前向之前（请求的长度不会被推进，引擎之后照常可用）。最后是采样器的性质测试。
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from minisgl.core import Batch, Req, SamplingParams, get_global_ctx
+from minisgl.distributed import DistributedInfo, try_get_tp_info
+from minisgl.engine import Engine, EngineConfig, Sampler
+
+MODEL = "qwen3-tied"  # 词表 1024，max_position_embeddings 512
+NOWHERE = "/nonexistent/model"
+
+
+def config(model_path=NOWHERE, **kw):
+    kw = {"max_running_req": 4, "num_page_override": 64, "max_seq_len_override": 64, **kw}
+    return EngineConfig(model_path=str(model_path), tp_info=DistributedInfo(0, 1), dtype=torch.float32, **kw)
+
+
+def assert_no_global_state():
+    with pytest.raises(RuntimeError):
+        get_global_ctx()
+    assert try_get_tp_info() is None
+
+
+# ---------------------------------------------------------------- EngineConfig：构造时就拒绝
+
+@pytest.mark.parametrize("field, value", [
+    ("page_size", 0), ("page_size", -16), ("page_size", 2.5), ("page_size", "4"), ("page_size", True),
+    ("max_running_req", 0), ("num_page_override", 0), ("max_seq_len_override", -1),
+])
+def test_config_sizes_must_be_positive_ints(field, value):
+    with pytest.raises(ValueError) as e:
+        config(**{field: value})
+    assert f"EngineConfig.{field}" in str(e.value) and repr(value) in str(e.value), str(e.value)
+
+
+def test_config_pool_too_small_for_max_running_req():
+    with pytest.raises(ValueError) as e:
+        config(max_running_req=8, num_page_override=5)
+    msg = str(e.value)
+    assert "num_page_override=5" in msg and "max_running_req=8" in msg, msg
+
+
+@pytest.mark.parametrize("ratio", [0.0, 1.5, -0.1])
+def test_config_memory_ratio(ratio):
+    with pytest.raises(ValueError, match="memory_ratio"):
+        config(memory_ratio=ratio)
+
+
+@pytest.mark.parametrize("name", ["flash", "torch,nope", "a,b,c"])
+def test_config_unknown_attention_backend(name):
+    with pytest.raises(ValueError) as e:
+        config(attention_backend=name)
+    msg = str(e.value)
+    assert repr(name) in msg and all(n in msg for n in ("torch", "fi", "fa")), msg
+
+
+@pytest.mark.parametrize("name", ["fi", "fa", "fa,fi"])
+def test_config_gpu_backend_without_gpu(monkeypatch, name):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(RuntimeError) as e:
+        config(attention_backend=name)
+    msg = str(e.value)
+    assert repr(name.split(",")[0]) in msg and "GPU" in msg, msg
+
+
+def test_pool_estimated_too_small_for_max_running_req(tiny_models, monkeypatch):
+    """不给 num_page_override、按可用内存估算出来的页比 max_running_req 还少：说出页数和 max_running_req。"""
+    real_sysconf = os.sysconf
+    monkeypatch.setattr(os, "sysconf", lambda name: 1 if name == "SC_AVPHYS_PAGES" else real_sysconf(name))
+    if torch.cuda.is_available():
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (4096, 4096))
+    with pytest.raises(RuntimeError) as e:
+        Engine(config(tiny_models[MODEL], max_running_req=64, num_page_override=None))
+    assert "max_running_req=64" in str(e.value), str(e.value)
+    assert_no_global_state()
+
+
+# ---------------------------------------------------------------- 模型目录：读权重之前就拒绝
+
+def broken_model(tiny_models, tmp_path, case):
+    path = shutil.copytree(tiny_models[MODEL], tmp_path / "m")
+    cfg = json.loads((path / "config.json").read_text())
+    if case == "not_a_dir":
+        return tmp_path / "m" / "model.safetensors", "model.safetensors"
+    if case == "no_config":
+        (path / "config.json").unlink()
+        return path, "config.json"
+    if case == "architecture":
+        cfg["architectures"] = ["MixtralForCausalLM"]
+    if case == "missing_field":
+        del cfg["num_hidden_layers"]
+    (path / "config.json").write_text(json.dumps(cfg))
+    return path, {"architecture": "MixtralForCausalLM", "missing_field": "num_hidden_layers"}[case]
+
+
+@pytest.mark.parametrize("case", ["not_a_dir", "no_config", "architecture", "missing_field"])
+def test_engine_refuses_bad_model_dir(tiny_models, tmp_path, case):
+    path, culprit = broken_model(tiny_models, tmp_path, case)
+    with pytest.raises((FileNotFoundError, NotADirectoryError, ValueError)) as e:
+        Engine(config(path))
+    assert culprit in str(e.value) and str(path) in str(e.value), str(e.value)
+    assert_no_global_state()
+
+
+# ---------------------------------------------------------------- forward_batch：错的 batch 在前向之前被拒绝
+
+@pytest.fixture
+def engine(tiny_models):
+    e = Engine(config(tiny_models[MODEL]))
+    try:
+        yield e
+    finally:
+        e.shutdown()
+
+
+def make_req(engine, ids, row, uid):
+    """给 row 这一行写好连续的槽位，返回一个还没 prefill 的请求。"""
+    n = len(ids)
+    engine.page_table[row, :min(n, engine.page_table.shape[1])] = torch.arange(row * 16, row * 16 + n)[:64]
+    return Req(input_ids=torch.tensor(ids, dtype=torch.int32), table_idx=row, cached_len=0, output_len=2, uid=uid,
+               sampling_params=SamplingParams(), cache_handle=None)
+
+
+def fill(engine, reqs, prepare=True):
+    batch = Batch(reqs=reqs, phase="prefill")
+    engine.graph_runner.pad_batch(batch)
+    batch.input_ids = torch.cat([r.input_ids[r.cached_len:r.device_len] for r in reqs])
+    batch.positions = torch.cat([torch.arange(r.cached_len, r.device_len, dtype=torch.int32) for r in reqs])
+    width = engine.page_table.shape[1]
+    batch.out_loc = torch.cat([engine.page_table[r.table_idx, r.cached_len:min(r.device_len, width)] for r in reqs])
+    if prepare:
+        engine.attn_backend.prepare_metadata(batch)
+    return batch
+
+
+def refused(engine, batch, exc, *culprits):
+    before = [(r.cached_len, r.device_len) for r in batch.reqs]
+    with pytest.raises(exc) as e:
+        engine.forward_batch(batch, engine.sampler.prepare(batch))
+    assert all(c in str(e.value) for c in culprits), str(e.value)
+    assert [(r.cached_len, r.device_len) for r in batch.reqs] == before, "被拒绝的 batch 不该推进请求"
+    assert engine.ctx._batch is None
+    ok = [make_req(engine, [1, 2, 3], 3, uid=99)]  # 之后引擎照常可用
+    assert engine.forward_batch(fill(engine, ok), engine.sampler.prepare(fill(engine, ok))).next_tokens_cpu.shape == (1,)
+
+
+@pytest.mark.parametrize("bad", [1024, -1, 5000])
+def test_token_id_outside_vocab(engine, bad):
+    batch = fill(engine, [make_req(engine, [1, bad, 3], 0, uid=0)])
+    refused(engine, batch, ValueError, "vocab_size=1024", str(bad))
+
+
+def test_request_longer_than_max_seq_len(engine):
+    """引擎的 max_seq_len 是 64（page table 一行 64 个位置）：65 个 token 的请求被拒绝，而不是被截断。"""
+    assert engine.max_seq_len == 64 == engine.page_table.shape[1]
+    batch = fill(engine, [make_req(engine, list(range(65)), 1, uid=7)], prepare=False)
+    batch.out_loc = torch.arange(65, dtype=torch.int32)
+    batch.attn_metadata = None  # 到不了元数据那一步
+    refused(engine, batch, ValueError, "uid=7", "65", "64")
+
+
+def test_cached_len_not_below_device_len(engine):
+    req = make_req(engine, [5, 6, 7], 0, uid=3)
+    batch = fill(engine, [req])
+    req.cached_len = 3
+    refused(engine, batch, ValueError, "uid=3", "cached_len")
+
+
+def test_slot_outside_the_kv_pool(engine):
+    batch = fill(engine, [make_req(engine, [5, 6, 7], 0, uid=0)])
+    batch.out_loc[1] = engine.num_pages + 1  # 池有 num_pages + 1 页（最后一页是假页），每页 1 个槽位
+    refused(engine, batch, ValueError, "out_loc", str(engine.num_pages + 1))
+
+
+def test_table_row_outside_the_page_table(engine):
+    req = make_req(engine, [5, 6, 7], 0, uid=2)
+    batch = fill(engine, [req])
+    req.table_idx = engine.page_table.shape[0]
+    refused(engine, batch, ValueError, "uid=2", "table_idx")
+
+
+def test_batch_forwarded_before_metadata(engine):
+    batch = fill(engine, [make_req(engine, [5, 6, 7], 0, uid=0)], prepare=False)
+    refused(engine, batch, RuntimeError, "batch.attn_metadata", "prepare_metadata")
+
+
+def test_nested_forward(engine):
+    outer = fill(engine, [make_req(engine, [5, 6, 7], 0, uid=0)])
+    inner = fill(engine, [make_req(engine, [8, 9], 1, uid=1)])
+    with engine.ctx.forward_batch(outer):
+        with pytest.raises(RuntimeError, match="嵌套"):
+            engine.forward_batch(inner, engine.sampler.prepare(inner))
+    assert (inner.reqs[0].cached_len, inner.reqs[0].device_len) == (0, 2)
+
+
+# ---------------------------------------------------------------- 性质测试：采样器只在允许的集合里抽
+
+@st.composite
+def sampling_cases(draw):
+    vocab = draw(st.integers(2, 40))
+    rows = []
+    for _ in range(draw(st.integers(1, 5))):
+        kind = draw(st.sampled_from(["greedy", "top_k_1", "t0_top_p", "sample"]))
+        t = draw(st.floats(0.05, 3.0))
+        k = draw(st.sampled_from([-1, *range(1, vocab + 1)]))
+        p = draw(st.sampled_from([1.0, draw(st.floats(0.0, 1.0))]))
+        rows.append({"greedy": SamplingParams(), "top_k_1": SamplingParams(temperature=t, top_k=1, top_p=p),
+                     "t0_top_p": SamplingParams(temperature=0.0, top_p=min(p, 0.9)),
+                     "sample": SamplingParams(temperature=t, top_k=k, top_p=p)}[kind])
+    return vocab, rows, draw(st.floats(0.5, 8.0)), draw(st.integers(0, 2**31 - 1))
+
+
+def allowed(logits: torch.Tensor, sp: SamplingParams) -> set[int]:
+    """从头算（float64）：贪心 / top_k=1 / T=0 只有 argmax；否则先按温度 softmax，留前 k 个，重新归一化后留
+    排在前面的概率和还没达到 p 的那些（第一名永远留）。p 的边界放宽 1e-6，免得舍入说了算。"""
+    order = logits.double().argsort(descending=True).tolist()
+    if sp.is_greedy or sp.temperature == 0.0:
+        return {order[0]}
+    probs = torch.softmax(logits.double() / sp.temperature, -1)
+    keep = order[:len(order) if sp.top_k == -1 else sp.top_k]
+    mass = sum(probs[i].item() for i in keep)
+    out, before = set(), 0.0
+    for i in keep:
+        if out and before >= sp.top_p + 1e-6:
+            break
+        out.add(i)
+        before += probs[i].item() / mass
+    return out
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, database=None)
+@given(case=sampling_cases())
+def test_sampled_tokens_stay_in_the_allowed_set(case):
+    vocab, params, scale, seed = case
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(len(params), vocab, generator=g) * scale
+    repeat = 50  # 每个请求复制 50 份放进同一个 batch：一次抽 50 个样本
+    reqs = [Req(input_ids=torch.tensor([0], dtype=torch.int32), table_idx=i, cached_len=0, output_len=1, uid=i,
+                sampling_params=sp, cache_handle=None) for i, sp in enumerate(params) for _ in range(repeat)]
+    sampler = Sampler(torch.device("cpu"), vocab)
+    torch.manual_seed(seed)
+    tokens = sampler.sample(logits.repeat_interleave(repeat, 0), sampler.prepare(Batch(reqs=reqs, phase="decode")))
+    assert tokens.shape == (len(reqs),)
+    for i, sp in enumerate(params):
+        got = set(tokens[i * repeat:(i + 1) * repeat].tolist())
+        ok = allowed(logits[i], sp)
+        assert got <= ok, f"请求 {i}（{sp}）抽到了 {sorted(got - ok)}，允许的只有 {sorted(ok)}"
+        if len(ok) == 1:
+            assert got == ok and ok == {int(logits[i].argmax())}
