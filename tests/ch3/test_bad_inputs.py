@@ -139,6 +139,33 @@ def test_tensor_of_wrong_dtype(tiny_models, tmp_path, dtype):
     assert key in msg and "model.safetensors" in msg and str(dtype) in msg, msg
 
 
+def test_no_safetensors_names_the_dir(tiny_models, tmp_path):
+    path = tmp_path / "empty"
+    path.mkdir()
+    shutil.copy(tiny_models["qwen3-tied"] / "config.json", path / "config.json")
+    with pytest.raises(FileNotFoundError) as e:
+        stream(path, build_meta(config_of(path)))
+    assert str(path) in str(e.value) and "safetensors" in str(e.value)
+
+
+@pytest.mark.parametrize("key, engine_key", [
+    ("model.layers.1.mlp.down_proj.weight", "model.layers.1.mlp.down_proj.weight"),  # 转置了
+    ("model.layers.0.self_attn.k_proj.weight", "model.layers.0.self_attn.qkv_proj.weight"),  # 合并前的一块
+    ("model.norm.weight", "model.norm.weight"),
+])
+def test_tensor_of_wrong_shape(tiny_models, tmp_path, key, engine_key):
+    """单个张量形状不对（config.json 没问题）：说出引擎里的键和两边的形状。"""
+    path = copy_model(tiny_models, "qwen3-tied", tmp_path)
+    file = path / "model.safetensors"
+    tensors = load_safetensors_bytes(file.read_bytes())
+    t = tensors[key]
+    tensors[key] = t.t().contiguous() if t.dim() == 2 and t.shape[0] != t.shape[1] else torch.cat([t, t[:1]])
+    save_file(tensors, str(file))
+    with pytest.raises(ValueError) as e:
+        load_into(build_meta(config_of(path)), path)
+    assert key in str(e.value) and engine_key in str(e.value), str(e.value)
+
+
 def test_broken_shard_index(tiny_models, tmp_path):
     path = copy_model(tiny_models, "qwen3-untied", tmp_path)
     index = path / "model.safetensors.index.json"

@@ -74,6 +74,14 @@ def _rename(key: str) -> Tuple[str, int, int]:
     return key, 0, 1
 
 
+def _hf_name(name: str, part: int) -> str | None:
+    """合并后的名字 + 第几块 -> 检查点里原来的名字（_rename 的反方向）。"""
+    for old, (new, p, _) in _MERGED.items():
+        if new in name and p == part:
+            return name.replace(new, old)
+    return None
+
+
 def load_weight(model_path: str, model: BaseOP, device: torch.device | str = "cpu"
                 ) -> Iterator[Tuple[str, torch.Tensor]]:
     """逐个交出 (引擎里的名字, 本 rank 的张量)。dtype 不在这里转：调用方边收边转，省得多留一份。"""
@@ -101,9 +109,13 @@ def load_weight(model_path: str, model: BaseOP, device: torch.device | str = "cp
                 group = pending.setdefault(name, {})
                 group[part] = local
                 if len(group) == total:  # 凑齐了：按 q,k,v / gate,up 的顺序拼成一块
-                    yield name, torch.cat([group[i] for i in range(total)])
+                    parts = [group[i] for i in range(total)]
+                    if len({p.shape[1:] for p in parts}) > 1:  # 否则是一句不带名字的 torch.cat 报错
+                        raise ValueError(f"{model_path}: 合并成 {name} 的几块形状对不上：" + "，".join(
+                            f"{_hf_name(name, i)} {tuple(p.shape)}" for i, p in enumerate(parts)))
+                    yield name, torch.cat(parts)
                     del pending[name]
     if pending:
-        missing = [name.replace(new, old) for name, group in pending.items()
-                   for old, (new, part, _) in _MERGED.items() if new in name and part not in group]
+        missing = [_hf_name(name, part) for name, group in pending.items()
+                   for part in range(3) if _hf_name(name, part) and part not in group]
         raise ValueError(f"{model_path}: 检查点缺少 {missing}，凑不齐合并的权重 {sorted(pending)}")
