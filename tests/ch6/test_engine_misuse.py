@@ -153,8 +153,8 @@ def refused(engine, batch, exc, *culprits):
     assert all(c in str(e.value) for c in culprits), str(e.value)
     assert [(r.cached_len, r.device_len) for r in batch.reqs] == before, "被拒绝的 batch 不该推进请求"
     assert engine.ctx._batch is None
-    ok = [make_req(engine, [1, 2, 3], 3, uid=99)]  # 之后引擎照常可用
-    assert engine.forward_batch(fill(engine, ok), engine.sampler.prepare(fill(engine, ok))).next_tokens_cpu.shape == (1,)
+    ok = fill(engine, [make_req(engine, [1, 2, 3], 3, uid=99)])  # 之后引擎照常可用
+    assert engine.forward_batch(ok, engine.sampler.prepare(ok)).next_tokens_cpu.shape == (1,)
 
 
 @pytest.mark.parametrize("bad", [1024, -1, 5000])
