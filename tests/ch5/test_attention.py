@@ -148,11 +148,11 @@ class AttnCase:
 @st.composite
 def attn_cases(draw) -> AttnCase:
     page_size = draw(st.sampled_from([1, 2, 4, 16]))
-    heads = draw(st.sampled_from([(4, 4), (4, 2), (4, 1), (6, 2)]))
+    heads = draw(st.sampled_from([(4, 4), (4, 2), (4, 1), (6, 2), (8, 2), (8, 1)]))  # GQA 组大小 1、2、3、4、8
     head_dim = draw(st.sampled_from([8, 16]))
     decode_like = draw(st.booleans())  # 每个请求都只有 1 个新 token，且前面有缓存
     seqs = []
-    for _ in range(draw(st.integers(1, 4))):
+    for _ in range(draw(st.integers(1, 6))):
         if decode_like:
             total = draw(st.integers(2, 24))
             seqs.append((total, total - 1))
