@@ -17,6 +17,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from transformers import AutoTokenizer
 
+# --8<-- [start:ops]
 W: dict[str, torch.Tensor] = {}  # 全部权重，一次读完
 cfg: dict = {}
 
@@ -33,8 +34,10 @@ def rope(x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     cos, sin = torch.cat([freqs, freqs], -1).cos()[:, None], torch.cat([freqs, freqs], -1).sin()[:, None]
     x1, x2 = x[..., : d // 2], x[..., d // 2:]
     return x * cos + torch.cat([-x2, x1], -1) * sin
+# --8<-- [end:ops]
 
 
+# --8<-- [start:attention]
 def attention(i: int, x: torch.Tensor, pos: torch.Tensor, kv: list) -> torch.Tensor:
     p = f"model.layers.{i}.self_attn."
     T, H, KV, D = x.shape[0], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
@@ -51,8 +54,10 @@ def attention(i: int, x: torch.Tensor, pos: torch.Tensor, kv: list) -> torch.Ten
     s = s.masked_fill(torch.arange(k.shape[0])[None, :] > pos[:, None], float("-inf"))  # 不看未来
     o = torch.einsum("hqk,khd->qhd", s.softmax(-1), v).reshape(T, H * D)
     return o @ W[p + "o_proj.weight"].T
+# --8<-- [end:attention]
 
 
+# --8<-- [start:forward]
 def forward(ids: torch.Tensor, pos: torch.Tensor, kv: list) -> torch.Tensor:
     """ids, pos: (T,)；返回最后一个位置的 logits: (vocab,)。"""
     x = W["model.embed_tokens.weight"][ids]
@@ -64,6 +69,7 @@ def forward(ids: torch.Tensor, pos: torch.Tensor, kv: list) -> torch.Tensor:
         x = x + (F.silu(gate) * up) @ W[p + "mlp.down_proj.weight"].T
     lm_head = W.get("lm_head.weight", W["model.embed_tokens.weight"])  # 绑定词嵌入时没有 lm_head
     return rms_norm(x[-1], W["model.norm.weight"]) @ lm_head.T
+# --8<-- [end:forward]
 
 
 def main() -> None:
@@ -77,6 +83,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.page_size != 1:
         ap.error(f"--page-size {args.page_size}：第 0 步没有分页 KV，只能是 1（分页 KV 从第 4 章开始）")
+    # --8<-- [start:main]
     files = sorted(glob.glob(os.path.join(args.model, "*.safetensors")))
     if not files:
         ap.error(f"{args.model} 里没有 *.safetensors 文件")
@@ -106,6 +113,7 @@ def main() -> None:
             total += len(out)
             outputs.append(out)
             dumped[f"p{n}"] = torch.stack(logits_seen)
+            # --8<-- [end:main]
             if not args.json:
                 print(f"{prompt!r} -> {tok.decode(out)!r}")
     if args.dump_logits:

@@ -1,0 +1,231 @@
+"""本书的源文件（docs/*.md）不会和代码脱节：
+
+- 每章的页面按同一个模板排二级标题，本章检查点一节用构建时现算的 diff；
+- 书里写的每条测试命令都真的能跑：run_tests.py 的参数用它自己的解析器核对，检查点名字查清单，
+  pytest 的 -k 关键字必须选得到这一章（累积）的测试；
+- 页面上没有手抄的代码：python 代码块只能是 snippets 的 include（少数白名单里的示意片段要逐行出现在源文件里），
+  任何代码块里都不能有连续 3 行非空行和某个检查点文件里的连续 3 行相同。
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = ROOT / "docs"
+sys.path.insert(0, str(ROOT / "tools"))
+
+from run_tests import build_parser  # noqa: E402
+from tests.harness.course import load_manifest  # noqa: E402
+
+TEMPLATE = ["学习目标", "动手前先预测", "自测题", "任务", "对照官方实现", "运行本章测试", "本章检查点", "练习",
+            "延伸阅读"]
+PYTHON_LANGS = {"python", "py", "python3", "pycon"}
+SNIPPET = re.compile(r'^--8<-- "[^"]+"$')
+FENCE = re.compile(r"^(\s*)(`{3,})\s*([\w+-]*)(.*)$")
+
+# 允许不经 include 出现在页面上的 python 代码块：(页面, 代码块第一行) -> (它示意的源文件, 理由)。
+# 这些块的每一行都必须原样出现在那个源文件里，源文件一改，测试就提醒你改页面。
+ALLOWED_PYTHON = {
+    ("ch3.md", 'with torch.device("meta"), torch_dtype(dtype):'):
+        ("ch3_model_loading/generate.py", "两行示意 meta 上构造的写法；完整的 load_model 在本章检查点一节里 include"),
+}
+
+
+def _pages() -> list[Path]:
+    """书的页面；docs/snippets/ 里是被 include 的片段（mkdocs.yml 的 exclude_docs），不算页面。"""
+    return sorted(p for p in DOCS.rglob("*.md") if p.relative_to(DOCS).parts[0] != "snippets")
+
+
+def _blocks(text: str) -> list[tuple[int, str, list[str]]]:
+    """(起始行号, 语言, 内容行)；认得 admonition 里缩进的代码块。"""
+    out, lines, i = [], text.splitlines(), 0
+    while i < len(lines):
+        m = FENCE.match(lines[i])
+        if not m:
+            i += 1
+            continue
+        indent, ticks, lang = m.group(1), m.group(2), m.group(3).lower()
+        body, j = [], i + 1
+        while j < len(lines) and lines[j].strip() != ticks:
+            body.append(lines[j][len(indent):] if lines[j].startswith(indent) else lines[j].lstrip())
+            j += 1
+        out.append((i + 1, lang, body))
+        i = j + 1
+    return out
+
+
+def _headings(text: str, level: int = 2) -> list[str]:
+    """正文里（代码块之外）的某一级标题。"""
+    heads, fenced = [], None
+    for line in text.splitlines():
+        m = FENCE.match(line)
+        if m and fenced is None:
+            fenced = m.group(2)
+        elif fenced is not None and line.strip() == fenced:
+            fenced = None
+        elif fenced is None and line.startswith("#" * level + " "):
+            heads.append(line[level + 1:].strip())
+    return heads
+
+
+def _section(text: str, title: str) -> str:
+    m = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", text, re.M | re.S)
+    assert m, f"没有 '## {title}' 一节"
+    return m.group(1)
+
+
+def _chapters() -> list:
+    return [c for c in load_manifest() if c.chapter >= 1]
+
+
+@pytest.mark.parametrize("ck", _chapters(), ids=lambda c: c.name)
+def test_chapter_page_follows_the_template(ck):
+    page = DOCS / f"ch{ck.chapter}.md"
+    text = page.read_text(encoding="utf-8")
+    assert _headings(text, 1)[0].startswith(f"第 {ck.chapter} 章"), \
+        f"{page.name} 的一级标题要以'第 {ck.chapter} 章'开头"
+    assert _headings(text) == TEMPLATE, f"{page.name} 的二级标题应该依次是 {TEMPLATE}，现在是 {_headings(text)}"
+    assert f'{{{{ chapter_diff("{ck.name}") }}}}' in _section(text, "本章检查点"), \
+        f"{page.name} 的'本章检查点'要用构建时现算的 {{{{ chapter_diff(\"{ck.name}\") }}}}"
+    quiz = _section(text, "自测题")
+    questions = re.findall(r"^\d+\. ", quiz, re.M)
+    answers = re.findall(r'^\s+\?\?\? success "答案"$', quiz, re.M)
+    assert questions and len(questions) == len(answers), \
+        f"{page.name} 的自测题有 {len(questions)} 道，折叠的答案（??? success \"答案\"）有 {len(answers)} 个"
+    assert "官方" in _section(text, "对照官方实现") and "python/minisgl/" in _section(text, "对照官方实现"), \
+        f"{page.name} 的'对照官方实现'要写出对应的官方文件"
+
+
+def test_chapter4_exercise_is_page_size_4():
+    assert "--page-size 4" in _section((DOCS / "ch4.md").read_text(encoding="utf-8"), "练习")
+
+
+def _commands(text: str) -> list[str]:
+    """代码块里的命令行（去掉行尾注释，拼上续行）。"""
+    cmds = []
+    for _, lang, body in _blocks(text):
+        if lang not in ("bash", "sh", "shell", "console"):
+            continue
+        joined = "\n".join(body).replace("\\\n", " ")
+        for line in joined.splitlines():
+            line = re.sub(r"\s+#.*$", "", line).strip()
+            if line and not line.startswith("#"):
+                cmds.append(line)
+    return cmds
+
+
+def _checkpoint_by_name(spec: str):
+    hits = [c for c in load_manifest() if spec in (c.name, c.name.split("_")[0])]
+    return hits[0] if len(hits) == 1 else None
+
+
+def _test_names(chapter: int) -> str:
+    """这一章的检查点会跑到的全部测试：文件名和函数名（-k 就在这些名字里做子串匹配）。"""
+    dirs = ["checkpoint"] + [f"ch{n}" for n in range(1, chapter + 1)]
+    names = []
+    for d in dirs:
+        for f in sorted((ROOT / "tests" / d).glob("test_*.py")):
+            names.append(f.stem)
+            names += re.findall(r"^def (test_\w+)", f.read_text(encoding="utf-8"), re.M)
+    return "\n".join(names)
+
+
+def _check_command(cmd: str) -> None:
+    argv = cmd.split()
+    if argv[:2] == ["python", "tools/run_tests.py"]:
+        try:
+            args, extra = build_parser().parse_known_args(argv[2:])
+        except SystemExit:
+            pytest.fail(f"tools/run_tests.py 不认这条命令：{cmd}")
+        assert not [e for e in extra if e.startswith("-")], f"tools/run_tests.py 不认这些参数：{extra}（{cmd}）"
+        if args.checkpoint:
+            spec = args.as_chapter if args.as_chapter else args.checkpoint
+            assert _checkpoint_by_name(spec), f"{cmd}：清单里没有检查点 {spec!r}"
+    elif argv[:4] == ["python", "-m", "pytest", "tests"]:
+        opts = dict(zip(argv[4::2], argv[5::2]))
+        spec = opts.get("--as") or opts.get("--checkpoint")
+        ck = _checkpoint_by_name(spec) if spec else None
+        assert ck, f"{cmd}：--checkpoint / --as 要指向清单里的检查点"
+        if "-k" in opts:
+            names = _test_names(ck.chapter)
+            for word in re.findall(r"\w+", opts["-k"]):
+                if word not in ("and", "or", "not"):
+                    assert word in names, f"{cmd}：-k {word} 在第 {ck.chapter} 章会跑的测试里一个也选不到"
+    elif len(argv) > 1 and argv[0] == "python" and argv[1].endswith(".py") and not argv[1].split("/")[0].isupper():
+        assert (ROOT / argv[1]).is_file(), f"{cmd}：没有 {argv[1]}"
+
+
+@pytest.mark.parametrize("page", _pages(), ids=lambda p: p.name)
+def test_every_command_on_the_page_is_runnable(page):
+    for cmd in _commands(page.read_text(encoding="utf-8")):
+        _check_command(cmd)
+
+
+@pytest.mark.parametrize("ck", _chapters(), ids=lambda c: c.name)
+def test_chapter_page_has_its_test_command(ck):
+    cmds = _commands(_section((DOCS / f"ch{ck.chapter}.md").read_text(encoding="utf-8"), "运行本章测试"))
+    ours = [c for c in cmds if c.split()[:2] == ["python", "tools/run_tests.py"] and len(c.split()) == 3]
+    assert any(getattr(_checkpoint_by_name(c.split()[2]), "name", None) == ck.name for c in ours), \
+        f"ch{ck.chapter}.md 的'运行本章测试'里要有 python tools/run_tests.py ch{ck.chapter}"
+
+
+def _triples(lines: list[str]) -> set[tuple[str, str, str]]:
+    code = [ln.strip() for ln in lines if ln.strip()]
+    return {tuple(code[i:i + 3]) for i in range(len(code) - 2)}
+
+
+@pytest.fixture(scope="module")
+def checkpoint_triples() -> dict[tuple[str, str, str], str]:
+    """每个检查点里每个 .py 文件的"连续 3 行非空行" -> 文件名。"""
+    seen: dict[tuple[str, str, str], str] = {}
+    for ck in load_manifest():
+        for f in sorted(ck.path.rglob("*.py")):
+            for t in _triples(f.read_text(encoding="utf-8").splitlines()):
+                seen.setdefault(t, str(f.relative_to(ROOT)))
+    return seen
+
+
+def test_pasted_code_detector_catches_a_pasted_function(checkpoint_triples):
+    """自检：从检查点里抄一段代码，检测器必须认出来。"""
+    src = (ROOT / "ch4_kv_pool" / "minisgl" / "kvcache" / "mha_pool.py").read_text(encoding="utf-8").splitlines()
+    body = [ln for ln in src if ln.strip()][10:16]
+    assert _triples(body) & checkpoint_triples.keys()
+
+
+@pytest.mark.parametrize("page", _pages(), ids=lambda p: p.name)
+def test_no_hand_pasted_code(page, checkpoint_triples):
+    rel = page.relative_to(DOCS).as_posix()
+    for lineno, lang, body in _blocks(page.read_text(encoding="utf-8")):
+        content = [ln for ln in body if ln.strip()]
+        includes_only = all(SNIPPET.match(ln.strip()) for ln in content)
+        if lang in PYTHON_LANGS and not includes_only:
+            key = (rel, content[0].strip() if content else "")
+            assert key in ALLOWED_PYTHON, (
+                f"{rel}:{lineno}：python 代码块要用 --8<-- 从检查点文件 include，不能手抄"
+                f"（确实只是示意的话，加进 tests/repo/test_docs.py 的 ALLOWED_PYTHON 并写明理由）")
+            key_src = ALLOWED_PYTHON[key][0]
+            source = (ROOT / key_src).read_text(encoding="utf-8")
+            for ln in content:
+                assert ln.strip() in source, f"{rel}:{lineno}：示意片段的 {ln.strip()!r} 在 {key_src} 里已经没有了"
+            continue
+        pasted = _triples([ln for ln in body if not SNIPPET.match(ln.strip())]) & checkpoint_triples.keys()
+        first = next(iter(pasted), None)
+        assert not pasted, (f"{rel}:{lineno}：这个代码块里有从 {checkpoint_triples.get(first)} 抄来的连续几行："
+                            f"{first}；用 --8<-- include（可以用命名片段）")
+
+
+def test_every_page_is_in_the_nav():
+    nav = (ROOT / "mkdocs.yml").read_text(encoding="utf-8").split("\nnav:", 1)[1]
+    in_nav = set(re.findall(r":\s*(\S+\.md)\s*$", nav, re.M))
+    missing = [p.relative_to(DOCS).as_posix() for p in _pages() if p.relative_to(DOCS).as_posix() not in in_nav]
+    assert not missing, f"这些页面不在 mkdocs.yml 的 nav 里，读者找不到：{missing}"
+
+
+def test_milestone_keeps_the_measured_section():
+    """CPU 上的实测一节放 tools/bench.py 写出的表格，不手写数字。"""
+    assert "CPU 上的实测" in _headings((DOCS / "milestone.md").read_text(encoding="utf-8"))

@@ -1,0 +1,142 @@
+"""本书：严格构建一遍，再在真的无头浏览器（Debian 的 chromium，Python playwright 驱动）里打开检查。
+
+    python -m pytest tests/repo/test_site.py -q        # tools/run_tests.py 的"文档"一项就是它
+
+检查：里程碑页和一个章节页渲染出代码块（带复制按钮）、图片加载成功、搜索"页表"能找到第 4 章、浏览器控制台没有错误。
+没有 /usr/bin/chromium 时跳过并说明怎么装；设了环境变量 CI（.ci/run 会先装好它）时改为失败，CI 里绝不悄悄跳过。
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SITE = ROOT / ".cache" / "site"
+CHROMIUM = Path("/usr/bin/chromium")
+LAUNCH_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+               "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def _unavailable(missing: str, install: str) -> None:
+    """CI 里缺浏览器是环境坏了，要失败；本地缺浏览器只跳过，并告诉读者怎么装。"""
+    if os.environ.get("CI"):
+        pytest.fail(f"CI 环境里{missing}：浏览器测试不能跳过，.ci/run 应该先装好（{install}）", pytrace=False)
+    pytest.skip(f"{missing}，跳过浏览器测试；安装：{install}")
+
+
+@pytest.fixture(scope="module")
+def site() -> Path:
+    """mkdocs build --strict：坏掉的 include、链接、chapter_diff、run(...) 都会让它失败。"""
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), NO_MKDOCS_2_WARNING="1")
+    res = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(SITE)],
+                         cwd=ROOT, env=env, capture_output=True, text=True)
+    assert res.returncode == 0, f"mkdocs build --strict 失败：\n{res.stdout[-5000:]}\n{res.stderr[-5000:]}"
+    return SITE
+
+
+def test_site_builds_strict(site):
+    for page in ("index.html", "milestone/index.html", "ch4/index.html", "glossary/index.html",
+                 "search/search_index.json"):
+        assert (site / page).is_file(), f"构建结果里没有 {page}"
+
+
+@pytest.fixture(scope="module")
+def base_url(site):
+    handler = functools.partial(_QuietHandler, directory=str(site))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args) -> None:  # 不把每个请求打进测试输出
+        pass
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not CHROMIUM.exists():
+        _unavailable(f"没有 {CHROMIUM}", "sudo apt-get install -y chromium")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        _unavailable("没有装 playwright", "pip install -r requirements.txt")
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=LAUNCH_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser, base_url):
+    """一个新页面；测试结束时断言控制台没有错误（JS 异常、加载失败的资源都会出现在这里）。"""
+    context = browser.new_context(viewport={"width": 1280, "height": 900}, service_workers="block")
+    pg = context.new_page()
+    errors: list[str] = []
+    pg.on("console", lambda msg: errors.append(f"console.{msg.type}: {msg.text}") if msg.type == "error" else None)
+    pg.on("pageerror", lambda exc: errors.append(f"pageerror: {exc}"))
+    pg.on("requestfailed", lambda req: errors.append(f"requestfailed: {req.url} {req.failure}"))
+    pg.set_default_timeout(15_000)
+    pg.base_url = base_url
+    yield pg
+    context.close()
+    assert not errors, "浏览器控制台有错误：\n" + "\n".join(errors)
+
+
+def _code_blocks(pg) -> int:
+    return pg.locator(".md-content pre > code").count()
+
+
+def test_milestone_page_renders_with_code_and_run_output(page):
+    page.goto(page.base_url + "/milestone/", wait_until="networkidle")
+    assert "阶段一里程碑" in page.locator("h1").first.inner_text()
+    assert _code_blocks(page) >= 3, "里程碑页应该有命令、脚本和现跑的输出这几个代码块"
+    assert page.locator(".md-content pre > code", has_text="stage1_milestone").count() >= 1
+    output = page.locator(".md-content pre > code", has_text="与 HF 一致").last.text_content()  # 现跑的输出在脚本之后
+    assert "与 HF 一致: False" not in output and output.count("与 HF 一致: True") == 4, output
+    assert page.locator("button.md-code__button").count() >= 3, "代码块没有复制按钮（Material 的 JS 没有运行？）"
+    assert page.locator("h2", has_text="CPU 上的实测").count() == 1
+
+
+def test_chapter_page_renders_with_code_picture_and_collapsed_answers(page):
+    page.goto(page.base_url + "/ch4/", wait_until="networkidle")
+    assert "第 4 章" in page.locator("h1").first.inner_text()
+    headings = [h.strip().rstrip("¶").strip() for h in page.locator(".md-content h2").all_inner_texts()]
+    assert headings[:3] == ["学习目标", "动手前先预测", "自测题"], headings
+    assert _code_blocks(page) >= 5
+    assert page.locator(".md-content pre > code", has_text="class MHAKVCache").count() >= 1, "没有渲染出 KV 池的代码"
+    answers = page.locator("details.success")
+    assert answers.count() >= 4 and not answers.first.evaluate("d => d.open"), "自测题答案应该是折叠的"
+    img = page.locator("img[src*='page-table.svg']")
+    assert img.count() == 1 and img.evaluate("i => i.complete && i.naturalWidth > 0"), "page table 的图没有加载出来"
+
+
+def test_search_finds_chapter4_for_chinese_term(page):
+    page.goto(page.base_url + "/", wait_until="networkidle")
+    page.locator("label.md-search__icon, .md-search__input").first.click()
+    box = page.locator("input.md-search__input")
+    box.press_sequentially("页表", delay=50)
+    box.press("End")  # Material 在 keyup 时读查询；playwright 输入中文不产生 keyup（输入法会），补一个不改字的键
+    results = page.locator(".md-search-result__item a")
+    results.first.wait_for()
+    hrefs = results.evaluate_all("links => links.map(a => a.href)")
+    assert any("/ch4/" in h for h in hrefs), f"搜索'页表'没有找到第 4 章：{hrefs}"
+
+
+def test_palette_toggle_switches_to_dark(page):
+    page.goto(page.base_url + "/ch1/", wait_until="networkidle")
+    before = page.locator("body").get_attribute("data-md-color-scheme")
+    page.locator("label.md-header__button[for^='__palette']:visible").first.click()
+    after = page.locator("body").get_attribute("data-md-color-scheme")
+    assert {before, after} == {"default", "slate"}, (before, after)
