@@ -154,6 +154,7 @@ def run_rank(config: EngineConfig, prompt_ids: list[list[int]], args: argparse.N
     return outs, seconds
 
 
+# --8<-- [start:launch]
 def _worker(rank: int, config: EngineConfig, prompt_ids: list[list[int]], args: argparse.Namespace, results) -> None:
     config = dataclasses.replace(config, tp_info=DistributedInfo(rank, config.tp_info.size))
     results.put((rank, *run_rank(config, prompt_ids, args)))
@@ -184,6 +185,7 @@ def launch_tp(config: EngineConfig, prompt_ids: list[list[int]], args: argparse.
     if any(got[r][0] != got[0][0] for r in got):  # 各 rank 的 token 应逐个相同，否则 KV 已经各走各的
         raise RuntimeError(f"各 rank 采出的 token 不一致：{ {r: got[r][0] for r in sorted(got)} }")
     return got[0]
+# --8<-- [end:launch]
 
 
 def free_addr() -> str:

@@ -51,6 +51,7 @@ class EngineConfig:
     def max_forward_len(self) -> int:
         return self.max_seq_len
 
+    # --8<-- [start:check_tp]
     def check_tp(self) -> None:
         """按 tp_info.size 切得开这个模型吗？切不开就说出是哪一项。词表不必整除：最后一份补 0（第 2 章）。"""
         tp, mc = self.tp_info.size, self.model_config
@@ -61,3 +62,4 @@ class EngineConfig:
             bad.append(f"intermediate_size={mc.intermediate_size}")
         if bad:
             raise ValueError(f"tp={tp} 切不开 {self.model_path}：{'、'.join(bad)} 不能平均分成 {tp} 份")
+    # --8<-- [end:check_tp]

@@ -95,6 +95,7 @@ class Engine:
         self.graph_runner = GraphRunner(self.device, self.attn_backend, config.cuda_graph_bs,
                                         config.cuda_graph_max_bs, self.dummy_req)
 
+    # --8<-- [start:init_communication]
     def _init_communication(self, config: EngineConfig) -> dist.ProcessGroup | None:
         """TP>1 才建进程组（各 rank 在 distributed_addr 会合）。超时也用在之后的每次集合通信上：
         别的 rank 死了，这里等 distributed_timeout 秒后报错，而不是永远挂着。"""
@@ -109,6 +110,7 @@ class Engine:
             raise RuntimeError(f"rank {config.tp_info.rank}（共 {config.tp_info.size} 个）在 {config.distributed_addr} "
                                f"建进程组失败（distributed_timeout={config.distributed_timeout} 秒）：{e}") from e
         return dist.new_group(backend="gloo", timeout=timeout) if backend == "nccl" else dist.group.WORLD
+    # --8<-- [end:init_communication]
 
     def _load_weight_state_dict(self, config: EngineConfig) -> dict[str, torch.Tensor]:
         if config.use_dummy_weight:
@@ -152,6 +154,7 @@ class Engine:
             copy_done_event = _CopyDone()
         return ForwardOutput(next_tokens_gpu, next_tokens_cpu, copy_done_event)
 
+    # --8<-- [start:shutdown]
     def shutdown(self) -> None:
         """释放图、拆掉进程组（端口随之释放）、清掉全局的 Context 和 TP 身份：之后同一个进程里可以再建一个 Engine。"""
         self.graph_runner.destroy_cuda_graphs()
@@ -163,3 +166,4 @@ def _release_globals(tp_size: int) -> None:
         dist.destroy_process_group()
     reset_global_ctx()
     reset_tp_info()
+# --8<-- [end:shutdown]
