@@ -94,7 +94,8 @@ def test_tp_tokens_equal_tp1_and_hf(checkpoint, tiny_models, port, tmp_path, nam
 
 
 def test_tp_sampling_same_on_every_rank(checkpoint, tiny_models, port):
-    """温度采样：每个 rank 同一个种子、同一份 logits，采出同样的 token（不一致时父进程报错）；同一个种子结果可复现。"""
+    """温度采样：每个 rank 同一个种子、同一份 logits，采出同样的 token；不一致时父进程报错退出
+    （种子带上 rank 时这里会失败）。"""
     args = ["--model", str(tiny_models["llama3"]), "--prompt", "Hello", "--prompt", "你好", "--max-new-tokens", "8",
             "--json", "--tp", "2", "--dist-addr", f"tcp://127.0.0.1:{port}", "--temperature", "1.0", "--top-k", "50",
             "--seed", "7"]
