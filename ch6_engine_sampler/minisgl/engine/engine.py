@@ -1,6 +1,6 @@
 """Engine：按正确的顺序把前面五章的东西装起来，然后只做一件事——给一个填好的 Batch，返回每个请求的下一个 token。
 
-初始化顺序与官方一致：TP 身份 → 设备 → Context → 模型（meta 上构造、流式加载）→ KV 池（多一页给假请求）
+初始化顺序与官方一致：TP 身份 → 设备 → Context → 进程组（TP>1）→ 模型（meta 上构造、流式加载）→ KV 池（多一页给假请求）
 → page table（多一行给假请求）→ 注意力后端（要在 KV 池之后）→ 采样器 → 假请求 → GraphRunner。
 CPU 上和官方不同的地方：没有 CUDA stream / event（copy_done_event 是一个立即完成的替身）；TP=1 时不建进程组，
 TP>1 时 CPU 上用 gloo、GPU 上用 NCCL（官方是 gloo + PyNCCL）；线程数由 Engine 自己设；
