@@ -1,21 +1,26 @@
 """第 6 章的生成入口：模型、KV 池、page table、注意力后端和采样器都由 Engine 按顺序建好；这里只剩调度器的活。
 
     python generate.py --model DIR --prompt TEXT [--prompt TEXT ...] --max-new-tokens N [--page-size P] [--json]
+                       [--tp N]
 
 每一步调用方手工做阶段二调度器的活：给请求分页、写 page table、算出 out_loc，从 token pool 取 input_ids，
 然后 engine.forward_batch(batch, engine.sampler.prepare(batch))。默认贪心；--temperature/--top-k/--top-p 按请求采样。
+--tp N 起 N 个进程，每个一个 Engine、一个 rank，一起跑同一个模型；打印的是 rank 0 的结果。
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
+import socket
 import sys
 import time
 from dataclasses import dataclass
 
 import torch
+import torch.multiprocessing as mp
 from safetensors.torch import save_file
 from transformers import AutoTokenizer
 
@@ -42,12 +47,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--top-k", type=int, default=-1)
     ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=0, help="采样的随机种子：同一个种子，同样的输出")
+    ap.add_argument("--tp", type=int, default=1, help="张量并行的份数：起这么多个进程（CPU 上 gloo，GPU 上 NCCL）")
+    ap.add_argument("--dist-addr", help="各进程会合的地址（tcp://HOST:PORT 或 file://PATH）；默认找一个空闲端口")
+    ap.add_argument("--dist-timeout", type=float, default=60.0, help="会合和每次集合通信最多等几秒，超时报错而不是挂着")
     args = ap.parse_args(argv)
     args.prompt = args.prompt or ["The capital of France is"]
     if not PAGED and args.page_size != 1:
         ap.error(f"--page-size {args.page_size}：这一章还没有分页 KV，只能是 1（分页 KV 从第 4 章开始）")
-    if args.page_size < 1 or args.max_new_tokens < 1:
-        ap.error("--page-size 和 --max-new-tokens 都必须是正整数")
+    if args.page_size < 1 or args.max_new_tokens < 1 or args.tp < 1:
+        ap.error("--page-size、--max-new-tokens 和 --tp 都必须是正整数")
     if any(v is not None and v < 1 for v in (args.num_pages, args.max_seq_len)):
         ap.error("--num-pages 和 --max-seq-len 给了就必须是正整数")
     if not os.path.isfile(os.path.join(args.model, "config.json")):
@@ -125,6 +133,67 @@ def record_logits(engine: Engine) -> list[torch.Tensor]:
     return seen
 
 
+def run_rank(config: EngineConfig, prompt_ids: list[list[int]], args: argparse.Namespace
+             ) -> tuple[list[list[int]], float]:
+    """一个 rank 的全部工作：建 Engine、生成、shutdown。--dump-logits 只由 rank 0 写。"""
+    engine = Engine(config)
+    try:
+        dump = args.dump_logits and config.tp_info.is_primary()
+        logits = record_logits(engine) if dump else []
+        params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                                max_tokens=args.max_new_tokens)
+        torch.manual_seed(args.seed)  # 每个 rank 同一个种子、同一份（all-gather 后的）logits：采出同样的 token
+        with torch.inference_mode():
+            t0 = time.perf_counter()
+            outs = generate(engine, prompt_ids, params)
+            seconds = time.perf_counter() - t0
+    finally:
+        engine.shutdown()
+    if dump:
+        save_file({f"p{i}": torch.stack([lg[i] for lg in logits]) for i in range(len(outs))}, args.dump_logits)
+    return outs, seconds
+
+
+# --8<-- [start:launch]
+def _worker(rank: int, config: EngineConfig, prompt_ids: list[list[int]], args: argparse.Namespace, results) -> None:
+    config = dataclasses.replace(config, tp_info=DistributedInfo(rank, config.tp_info.size))
+    results.put((rank, *run_rank(config, prompt_ids, args)))
+
+
+def launch_tp(config: EngineConfig, prompt_ids: list[list[int]], args: argparse.Namespace
+              ) -> tuple[list[list[int]], float]:
+    """起 tp 个进程（spawn：CUDA 也能用），收齐各 rank 的结果。某个 rank 出错时 join 抛出它的 traceback，
+    并结束其余进程；卡在集合通信上的 rank 最多等 distributed_timeout 秒。"""
+    results = mp.get_context("spawn").Queue()
+    ctx = mp.start_processes(_worker, args=(config, prompt_ids, args, results), nprocs=config.tp_info.size,
+                             join=False, start_method="spawn")
+    got = {}
+    try:
+        while not ctx.join(timeout=0.2):  # 边等边收，免得结果堵在管道里
+            while not results.empty():
+                rank, outs, seconds = results.get()
+                got[rank] = (outs, seconds)
+    finally:
+        for p in ctx.processes:  # 正常结束时它们都已退出；出错或 Ctrl-C 时不留下孤儿
+            if p.is_alive():
+                p.terminate()
+            p.join()
+    while len(got) < config.tp_info.size:
+        rank, outs, seconds = results.get(timeout=config.distributed_timeout)
+        got[rank] = (outs, seconds)
+    results.close()
+    if any(got[r][0] != got[0][0] for r in got):  # 各 rank 的 token 应逐个相同，否则 KV 已经各走各的
+        raise RuntimeError(f"各 rank 采出的 token 不一致：{ {r: got[r][0] for r in sorted(got)} }")
+    return got[0]
+# --8<-- [end:launch]
+
+
+def free_addr() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     tok = AutoTokenizer.from_pretrained(args.model)
@@ -138,29 +207,27 @@ def main(argv: list[str] | None = None) -> None:
     max_seq_len = args.max_seq_len or need
     if need > max_seq_len:  # 请求进来之前就拒绝：它的槽位会超出 page table 的一行
         sys.exit(f"错误：最长的请求要 {need} 个位置（提示词 + --max-new-tokens），超过了 --max-seq-len {max_seq_len}")
-    engine = Engine(EngineConfig(model_path=args.model, tp_info=DistributedInfo(0, 1), dtype=torch.float32,
-                                 max_running_req=len(prompt_ids), attention_backend=args.attention_backend,
-                                 page_size=ps, num_page_override=args.num_pages,
-                                 max_seq_len_override=max_seq_len))
-    try:
-        logits = record_logits(engine) if args.dump_logits else []
-        params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, max_tokens=n)
-        torch.manual_seed(args.seed)
-        with torch.inference_mode():
-            t0 = time.perf_counter()
-            outs = generate(engine, prompt_ids, params)
-            seconds = time.perf_counter() - t0
-    finally:
-        engine.shutdown()
-    if args.dump_logits:
-        save_file({f"p{i}": torch.stack([lg[i] for lg in logits]) for i in range(len(outs))}, args.dump_logits)
+    config = EngineConfig(model_path=args.model, tp_info=DistributedInfo(0, args.tp), dtype=torch.float32,
+                          max_running_req=len(prompt_ids), attention_backend=args.attention_backend,
+                          page_size=ps, num_page_override=args.num_pages, max_seq_len_override=max_seq_len,
+                          distributed_timeout=args.dist_timeout, distributed_addr=args.dist_addr or free_addr())
+    if args.tp == 1:
+        outs, seconds = run_rank(config, prompt_ids, args)
+    else:
+        try:
+            config.check_tp()  # 起进程之前就拒绝切不开的 --tp
+            if torch.cuda.is_available() and args.tp > torch.cuda.device_count():  # 每个 rank 一块卡：cuda:{rank}
+                raise ValueError(f"每个 rank 要一块 GPU，这台机器只有 {torch.cuda.device_count()} 块")
+            outs, seconds = launch_tp(config, prompt_ids, args)
+        except (ValueError, RuntimeError, mp.ProcessRaisedException, mp.ProcessExitedException) as e:
+            sys.exit(f"错误：--tp {args.tp}：{e}")
     if args.json:
         print(json.dumps({"outputs": outs}))
         return
     for p, out in zip(args.prompt, outs):
         print(f"{p!r} -> {tok.decode(out)!r}")
     total = sum(len(o) for o in outs)
-    print(f"{total} tokens，{total / seconds:.1f} tokens/s（{len(outs)} 个请求一个 batch，含 prefill）")
+    print(f"{total} tokens，{total / seconds:.1f} tokens/s（{len(outs)} 个请求一个 batch，含 prefill，tp={args.tp}）")
 
 
 if __name__ == "__main__":

@@ -1,18 +1,21 @@
 """Engine：按正确的顺序把前面五章的东西装起来，然后只做一件事——给一个填好的 Batch，返回每个请求的下一个 token。
 
-初始化顺序与官方一致：TP 身份 → 设备 → Context → 模型（meta 上构造、流式加载）→ KV 池（多一页给假请求）
+初始化顺序与官方一致：TP 身份 → 设备 → Context → 进程组（TP>1）→ 模型（meta 上构造、流式加载）→ KV 池（多一页给假请求）
 → page table（多一行给假请求）→ 注意力后端（要在 KV 池之后）→ 采样器 → 假请求 → GraphRunner。
-CPU 上和官方不同的地方：没有 CUDA stream / event（copy_done_event 是一个立即完成的替身）；TP=1 时不建进程组；
-线程数由 Engine 自己设；shutdown() 会清掉全局状态，同一个进程里可以再建一个 Engine。
+CPU 上和官方不同的地方：没有 CUDA stream / event（copy_done_event 是一个立即完成的替身）；TP=1 时不建进程组，
+TP>1 时 CPU 上用 gloo、GPU 上用 NCCL（官方是 gloo + PyNCCL）；线程数由 Engine 自己设；
+shutdown() 会拆掉进程组、清掉全局状态，同一个进程里可以再建一个 Engine。
 """
 
 from __future__ import annotations
 
 import math
 import os
+from datetime import timedelta
 from typing import NamedTuple
 
 import torch
+import torch.distributed as dist
 
 from minisgl.attention import create_attention_backend
 from minisgl.core import Batch, Context, Req, reset_global_ctx, set_global_ctx
@@ -41,14 +44,12 @@ class ForwardOutput(NamedTuple):
 
 class Engine:
     def __init__(self, config: EngineConfig) -> None:
-        if config.tp_info.size != 1:
-            raise NotImplementedError("阶段一的 Engine 只支持单卡（tp_info.size == 1）；算子的张量并行切法见第 2 章")
+        config.check_tp()  # 切不开就在建进程组之前说清楚是哪一项
         set_tp_info(config.tp_info.rank, config.tp_info.size)
         try:
             self._init(config)
         except BaseException:  # 初始化失败也要清掉全局状态，否则这个进程再也建不了 Engine
-            reset_global_ctx()
-            reset_tp_info()
+            _release_globals(config.tp_info.size)
             raise
 
     def _init(self, config: EngineConfig) -> None:
@@ -58,12 +59,14 @@ class Engine:
         self.device = torch.device(f"cuda:{config.tp_info.rank}" if torch.cuda.is_available() else "cpu")
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
-        elif "OMP_NUM_THREADS" not in os.environ:  # decode 读权重是访存密集的：用上这台机器能用的所有核
-            torch.set_num_threads(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
+        elif "OMP_NUM_THREADS" not in os.environ:  # decode 读权重是访存密集的：用上能用的所有核，TP 的各进程平分
+            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+            torch.set_num_threads(max(1, cores // config.tp_info.size))
         torch.manual_seed(42)
         self.dtype = config.dtype
         self.ctx = Context(config.page_size)
         set_global_ctx(self.ctx)
+        self.tp_cpu_group = self._init_communication(config)
 
         model_config = config.model_config
         if config.max_seq_len > model_config.rotary_config.max_position:
@@ -91,6 +94,23 @@ class Engine:
         self.page_table[config.max_running_req].fill_(num_tokens)  # 假请求的 KV 都写进假页
         self.graph_runner = GraphRunner(self.device, self.attn_backend, config.cuda_graph_bs,
                                         config.cuda_graph_max_bs, self.dummy_req)
+
+    # --8<-- [start:init_communication]
+    def _init_communication(self, config: EngineConfig) -> dist.ProcessGroup | None:
+        """TP>1 才建进程组（各 rank 在 distributed_addr 会合）。超时也用在之后的每次集合通信上：
+        别的 rank 死了，这里等 distributed_timeout 秒后报错，而不是永远挂着。"""
+        if config.tp_info.size == 1:
+            return None
+        timeout = timedelta(seconds=config.distributed_timeout)
+        backend = "nccl" if self.device.type == "cuda" else "gloo"
+        try:
+            dist.init_process_group(backend, init_method=config.distributed_addr, rank=config.tp_info.rank,
+                                    world_size=config.tp_info.size, timeout=timeout)
+        except Exception as e:  # 原话往往只有一句 "Wait timeout"：补上是谁、在哪儿等
+            raise RuntimeError(f"rank {config.tp_info.rank}（共 {config.tp_info.size} 个）在 {config.distributed_addr} "
+                               f"建进程组失败（distributed_timeout={config.distributed_timeout} 秒）：{e}") from e
+        return dist.new_group(backend="gloo", timeout=timeout) if backend == "nccl" else dist.group.WORLD
+    # --8<-- [end:init_communication]
 
     def _load_weight_state_dict(self, config: EngineConfig) -> dict[str, torch.Tensor]:
         if config.use_dummy_weight:
@@ -135,8 +155,16 @@ class Engine:
             copy_done_event = _CopyDone()
         return ForwardOutput(next_tokens_gpu, next_tokens_cpu, copy_done_event)
 
+    # --8<-- [start:shutdown]
     def shutdown(self) -> None:
-        """释放图、清掉全局的 Context 和 TP 身份：之后同一个进程里可以再建一个 Engine。"""
+        """释放图、拆掉进程组（端口随之释放）、清掉全局的 Context 和 TP 身份：之后同一个进程里可以再建一个 Engine。"""
         self.graph_runner.destroy_cuda_graphs()
-        reset_global_ctx()
-        reset_tp_info()
+        _release_globals(self.config.tp_info.size)
+
+
+def _release_globals(tp_size: int) -> None:
+    if tp_size > 1 and dist.is_initialized():  # 只拆自己建的进程组
+        dist.destroy_process_group()
+    reset_global_ctx()
+    reset_tp_info()
+# --8<-- [end:shutdown]

@@ -1,0 +1,158 @@
+"""张量并行真的跨进程跑：generate.py --tp N 起 N 个进程，经 torch.distributed（CPU 上是 gloo）一起算一个模型。
+
+- 每个小模型家族跑一次：qwen3-tied 用 --tp 4（2 个 KV 头给 4 个 rank：rank 0、1 用头 0，rank 2、3 用头 1），
+  qwen3-untied 用 --tp 2（只有 1 个 KV 头：两个 rank 复制它），qwen2（q/k/v 带 bias）和 llama3 用 --tp 2：
+  token 和 --tp 1、和 HF 逐个相同；对不上时报告第一次分叉的那一步（top-5、max |Δ logit|）；
+- 所有运行用同一个端口，一个接一个：shutdown 拆掉了进程组，端口能再用；每次运行之后没有进程留下；
+- 切不开的 --tp 在起进程之前就被拒绝，错误说出是哪一项；worker 里的错误带着原文回到父进程，不会挂住；
+- 随机采样时各 rank 的 token 一致（父进程逐个核对）。
+
+每个 worker 一个线程（OMP_NUM_THREADS=1），两核的机器上也跑得动。
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from minisgl.distributed import DistributedInfo, try_get_tp_info
+from minisgl.engine import Engine, EngineConfig
+from tests.harness.course import PROMPTS, TINY_NEW_TOKENS
+from tests.harness.parity import generate
+from tests.harness.reference import hf_greedy, load_hf
+from tests.harness.report import mismatch_report
+
+CASES = [("qwen3-tied", 4), ("qwen3-untied", 2), ("qwen2", 2), ("llama3", 2)]  # 每起一次进程都要几秒：一家一次
+
+
+@pytest.fixture(scope="module")
+def port() -> int:
+    """整个文件共用一个端口：前一次运行没把它还回来，后一次就会失败。"""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def processes_with(marker: str) -> list[str]:
+    """环境变量里带着 marker 的进程（spawn 出来的 worker 继承父进程的环境）：不用 psutil，直接读 /proc。"""
+    found = []
+    for env in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if marker.encode() in env.read_bytes():
+                found.append((env.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+        except OSError:  # 进程刚好退出，或者读不了
+            pass
+    return found
+
+
+def run_generate(checkpoint, args: list[str]) -> subprocess.CompletedProcess:
+    """像读者那样在子进程里运行 generate.py；返回之后检查它起的进程都已经退出。"""
+    marker = f"MINISGL_TP_TEST={uuid.uuid4().hex}"
+    entry = checkpoint.entry_path
+    env = dict(os.environ, PYTHONPATH=str(entry.parent), OMP_NUM_THREADS="1", MINISGL_TP_TEST=marker.split("=")[1])
+    res = subprocess.run([sys.executable, str(entry), *args], capture_output=True, text=True, timeout=300, env=env,
+                         cwd=entry.parent)
+    deadline = time.monotonic() + 10  # 进程表里的条目可能比退出晚一点消失
+    while (left := processes_with(marker)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left, f"generate.py {' '.join(args)} 退出之后还留着进程：{left}"
+    return res
+
+
+@pytest.mark.parametrize("name,tp", CASES, ids=[f"{f}-tp{t}" for f, t in CASES])
+def test_tp_tokens_equal_tp1_and_hf(checkpoint, tiny_models, port, tmp_path, name, tp):
+    model = tiny_models[name]
+    dump = tmp_path / "logits.safetensors"
+    args = ["--model", str(model), "--max-new-tokens", str(TINY_NEW_TOKENS), "--json", "--tp", str(tp),
+            "--dist-addr", f"tcp://127.0.0.1:{port}", "--dist-timeout", "60", "--dump-logits", str(dump)]
+    for p in PROMPTS:
+        args += ["--prompt", p]
+    res = run_generate(checkpoint, args)
+    assert res.returncode == 0, res.stderr[-3000:]
+    outs = json.loads(res.stdout.strip().splitlines()[-1])["outputs"]
+    ours = load_file(str(dump))
+    decode = load_hf(str(model))[1].decode
+    reports = []
+    for i, p in enumerate(PROMPTS):
+        ref, ref_logits = hf_greedy(str(model), p, TINY_NEW_TOKENS)
+        rep = mismatch_report(p, outs[i], ref, ref_logits, ours[f"p{i}"], decode)
+        if rep:
+            reports.append(f"[{name} · tp={tp}] {rep}")
+    assert not reports, "\n\n".join(reports)
+    assert outs == generate(checkpoint.entry_path, model, PROMPTS, TINY_NEW_TOKENS)  # --tp 1，在本进程里跑
+
+
+def test_tp_sampling_same_on_every_rank(checkpoint, tiny_models, port):
+    """温度采样：每个 rank 同一个种子、同一份 logits，采出同样的 token；不一致时父进程报错退出
+    （种子带上 rank 时这里会失败）。"""
+    args = ["--model", str(tiny_models["llama3"]), "--prompt", "Hello", "--prompt", "你好", "--max-new-tokens", "8",
+            "--json", "--tp", "2", "--dist-addr", f"tcp://127.0.0.1:{port}", "--temperature", "1.0", "--top-k", "50",
+            "--seed", "7"]
+    res = run_generate(checkpoint, args)
+    assert res.returncode == 0, res.stderr[-3000:]
+    outs = json.loads(res.stdout.strip().splitlines()[-1])["outputs"]
+    assert [len(o) for o in outs] == [8, 8]
+
+
+def test_tp_that_cannot_cut_is_refused_before_spawning(checkpoint, tiny_models):
+    """4 个头、intermediate_size 128 切不成 3 份：起进程之前就退出，错误说出是哪几项和 tp。"""
+    res = run_generate(checkpoint, ["--model", str(tiny_models["qwen3-tied"]), "--prompt", "Hello", "--tp", "3"])
+    assert res.returncode != 0
+    assert "tp=3" in res.stderr and "num_attention_heads=4" in res.stderr and "intermediate_size=128" in res.stderr
+    assert "Traceback" not in res.stderr, res.stderr  # 没有 worker 的 traceback：根本没起进程
+
+
+def test_worker_error_reaches_parent(checkpoint, tiny_models, port):
+    """KV 池只有 1 页：每个 worker 在生成时出错。父进程带着 worker 的原话退出，不挂住，也不留进程。"""
+    res = run_generate(checkpoint, ["--model", str(tiny_models["qwen3-tied"]), "--prompt", "Hello", "--tp", "2",
+                                    "--num-pages", "1", "--dist-addr", f"tcp://127.0.0.1:{port}"])
+    assert res.returncode != 0
+    assert "--tp 2" in res.stderr and "max_seq_len=1" in res.stderr, res.stderr[-3000:]
+
+
+def tp_config(model, tp: int, rank: int = 0, **kw) -> EngineConfig:
+    return EngineConfig(model_path=str(model), tp_info=DistributedInfo(rank, tp), dtype=torch.float32,
+                        max_running_req=1, num_page_override=8, max_seq_len_override=8, **kw)
+
+
+@pytest.mark.parametrize("heads,kv_heads,inter,tp,culprit", [
+    (4, 2, 128, 2, None), (4, 2, 128, 4, None), (4, 1, 128, 4, None),  # 4 个 rank 复制 2 个或 1 个 KV 头
+    (4, 2, 128, 3, "num_attention_heads=4"), (8, 3, 128, 2, "num_key_value_heads=3"),
+    (8, 3, 128, 4, "num_key_value_heads=3"), (8, 8, 100, 8, "intermediate_size=100")])
+def test_check_tp_names_the_culprit(tiny_models, heads, kv_heads, inter, tp, culprit):
+    config = tp_config(tiny_models["qwen3-tied"], tp)
+    config.__dict__["model_config"] = dataclasses.replace(  # cached_property：换成要测的形状
+        config.model_config, num_qo_heads=heads, num_kv_heads=kv_heads, intermediate_size=inter)
+    if culprit is None:
+        config.check_tp()
+    else:
+        with pytest.raises(ValueError, match=culprit) as info:
+            config.check_tp()
+        assert f"tp={tp}" in str(info.value)
+
+
+def test_engine_refuses_bad_tp_before_any_global_state(tiny_models):
+    with pytest.raises(ValueError, match="num_attention_heads=4"):
+        Engine(tp_config(tiny_models["qwen3-tied"], 3))
+    assert try_get_tp_info() is None and not torch.distributed.is_initialized()
+
+
+def test_lonely_rank_times_out_instead_of_hanging(tiny_models, tmp_path):
+    """tp=2 只来了 rank 0：会合等 distributed_timeout 秒后报错；全局状态和进程组都清干净。"""
+    config = tp_config(tiny_models["qwen3-tied"], 2, distributed_timeout=2,
+                       distributed_addr=f"file://{tmp_path / 'rendezvous'}")
+    with pytest.raises(RuntimeError, match="rendezvous") as info:
+        Engine(config)
+    assert "rank 0" in str(info.value) and "distributed_timeout=2" in str(info.value)
+    assert try_get_tp_info() is None and not torch.distributed.is_initialized()
