@@ -41,6 +41,13 @@ def safetensors_files(model_path: str) -> list[str]:
     raise FileNotFoundError(f"{model_path} 里没有 *.safetensors 权重文件")
 
 
+def _get_tensor(file: str, key: str, device: torch.device | str) -> torch.Tensor:
+    """每个张量单独打开一次文件。safetensors 把文件 mmap 进来，读过的页算进进程的常驻内存，文件一直开着的话，
+    读到最后会多出整整一份权重；单独打开，这个张量的视图一释放（复制完就释放）映射就解除、页也不再算进来。"""
+    with safe_open(file, framework="pt", device=str(device)) as f:
+        return f.get_tensor(key)
+
+
 def find_op(root: BaseOP, name: str) -> BaseOP:
     """'model.layers.3.mlp.down_proj' -> 对应的算子对象。"""
     op = root
@@ -75,7 +82,7 @@ def load_weight(model_path: str, model: BaseOP, device: torch.device | str = "cp
                     op = find_op(model, name.rsplit(".", 1)[0])
                 except KeyError:
                     raise KeyError(f"{os.path.basename(file)} 里的 {key} 在模型里没有对应的算子") from None
-                local = op.shard(f.get_tensor(key), part)
+                local = op.shard(_get_tensor(file, key, device), part)
                 if total == 1:  # safetensors 给的是指向映射文件的视图：复制一份，引擎的权重才是自己的、对齐的内存
                     yield name, local.clone()
                     continue
