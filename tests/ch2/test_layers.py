@@ -424,7 +424,8 @@ class PackedModel(BaseOP):
 
 
 def _packed_model_outputs(m, ctx, x):
-    with ctx.forward_batch(make_batch([make_req(5, cached_len=4, uid=i) for i in range(4)], "decode")):
+    reqs = [make_req(5, cached_len=4, uid=i) for i in range(x.shape[0])]
+    with ctx.forward_batch(make_batch(reqs, "decode")):
         return [op.forward(x) for op in m.layers.op_list] + [m.lm_head.forward(x), m.tied_head.forward(x)]
 
 
@@ -441,20 +442,21 @@ def test_task2_prepacked_weights_give_the_same_outputs(ctx, monkeypatch, onednn)
     m = PackedModel()
     m.load_state_dict(rand_like_params(m))
     plain = dict(m.state_dict())
-    x = torch.randn(4, 96, generator=torch.Generator().manual_seed(3))
-    expected = [F.linear(x, plain[f"layers.{i}.weight"], plain.get(f"layers.{i}.bias")) for i in range(2)]
-    expected += [F.linear(x, plain["lm_head.weight"]), F.linear(x, plain["embed.weight"])]
+    xs = [torch.randn(rows, 96, generator=torch.Generator().manual_seed(rows)) for rows in (1, 4, 7)]  # 少于、等于、多于 4 行
     m.process_weights_after_loading()
     m.process_weights_after_loading()  # 再调一次也无妨：已经重排过的不再动
     packed = [m.layers.op_list[0].weight, m.layers.op_list[1].weight, m.lm_head.weight]
     assert all(w.is_mkldnn is onednn for w in packed)
     assert m.embed.weight is plain["embed.weight"]  # 绑定的词表原样保留
-    got = _packed_model_outputs(m, ctx, x)
-    for g, e in zip(got, expected):
-        if onednn:
-            torch.testing.assert_close(g, e, **TIGHT)
-        else:
-            assert torch.equal(g, e)
+    for x in xs:
+        expected = [F.linear(x, plain[f"layers.{i}.weight"], plain.get(f"layers.{i}.bias")) for i in range(2)]
+        expected += [F.linear(x, plain["lm_head.weight"]), F.linear(x, plain["embed.weight"])]
+        for got, want in zip(_packed_model_outputs(m, ctx, x), expected):
+            assert got.shape == want.shape
+            if onednn:
+                torch.testing.assert_close(got, want, **TIGHT)
+            else:
+                assert torch.equal(got, want)
 
 
 def test_task2_prepack_leaves_other_weights_alone():

@@ -29,7 +29,7 @@ from .base import BaseOP
 # 这些是 torch 的内部算子：没有它们（别的构建、别的平台）就不重排、退回 F.linear；两者只差浮点累加顺序，测试核对过。
 _ONEDNN = (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
-_PACK_ROWS = 4  # 告诉 oneDNN 按几行的输入挑布局：decode 的 batch 就是几行；1 行和十几行（prefill）用它也不吃亏
+_PACK_ROWS = 4  # 告诉 oneDNN 按几行的输入挑布局：里程碑的 decode batch 是 4 行；十几行（prefill）用它也快
 
 
 def prepack_weight(weight: torch.Tensor) -> torch.Tensor:
@@ -42,7 +42,12 @@ def prepack_weight(weight: torch.Tensor) -> torch.Tensor:
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x: (N, in)，weight: (out, in)（可以是 prepack_weight 重排过的），bias: (out,) -> (N, out)。"""
-    if weight.is_mkldnn or (_ONEDNN and x.is_cpu and x.dtype == weight.dtype == torch.float32 and x.dim() == 2):
+    if weight.is_mkldnn:  # 重排过的权重只能交给 oneDNN
+        n = x.shape[0]
+        if n < _PACK_ROWS:  # 这个布局是按 _PACK_ROWS 行挑的：1 行时补几行 0 反而比只算 1 行快（实测），多出的行丢掉
+            x = torch.cat([x, x.new_zeros(_PACK_ROWS - n, x.shape[1])])
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")[:n]
+    if _ONEDNN and x.is_cpu and x.dtype == weight.dtype == torch.float32 and x.dim() == 2:
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
     return F.linear(x, weight, bias)
 
