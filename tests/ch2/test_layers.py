@@ -442,7 +442,8 @@ def test_task2_prepacked_weights_give_the_same_outputs(ctx, monkeypatch, onednn)
     m = PackedModel()
     m.load_state_dict(rand_like_params(m))
     plain = dict(m.state_dict())
-    xs = [torch.randn(rows, 96, generator=torch.Generator().manual_seed(rows)) for rows in (1, 4, 7)]  # 少于、等于、多于 4 行
+    # 少于、等于、多于重排时设想的 4 行
+    xs = [torch.randn(rows, 96, generator=torch.Generator().manual_seed(rows)) for rows in (1, 4, 7)]
     m.process_weights_after_loading()
     m.process_weights_after_loading()  # 再调一次也无妨：已经重排过的不再动
     packed = [m.layers.op_list[0].weight, m.layers.op_list[1].weight, m.lm_head.weight]
