@@ -97,7 +97,7 @@ class TorchBackend(BaseAttnBackend):
         """整个 batch 一起。q: (bs, H_q, D) 每个请求 1 个新 token；k, v: (bs, L, H_kv, D)；mask: (bs, 1, 1, L)。
         GQA 不复制 kv：q 按 (H_kv, 组内第几个) 排开，同一组的 q 头共用一个 kv 头。"""
         bs, groups = q.shape[0], self.num_qo_heads // self.num_kv_heads
-        q = q.view(bs, self.num_kv_heads, groups, self.head_dim)
+        q = q.reshape(bs, self.num_kv_heads, groups, self.head_dim)
         s = torch.einsum("bhgd,blhd->bhgl", q, k) * self.scale
         s = s.masked_fill(~mask, float("-inf")).softmax(-1, dtype=torch.float32).to(v.dtype)
         return torch.einsum("bhgl,blhd->bhgd", s, v).reshape(bs, self.num_qo_heads, self.head_dim)
