@@ -1,11 +1,12 @@
-"""在同一个进程里并排测 decode 每一步的耗时：内存带宽下限、第 0 步骨架、HF transformers、我们的 Engine。
+"""在同一个进程里并排测：内存带宽下限、第 0 步骨架、HF transformers、第 6 章的 Engine（里程碑手工填 batch 的循环）。
 
-    python tools/bench.py                              # 有 models/Qwen3-0.6B 就用它，否则用离线小模型
-    python tools/bench.py --model models/Qwen3-0.6B --steps 16 --repeat 3
-    python tools/bench.py --random-qwen3-0.6b          # 没有真权重：用同样形状的随机权重，访存量一样
+    .venv/bin/python tools/bench.py --random-qwen3-0.6b   # 没有真权重：Qwen3-0.6B 形状的随机权重，访存量一样
+    .venv/bin/python tools/bench.py                       # 有 models/Qwen3-0.6B 就用它，否则用离线小模型
+    .venv/bin/python tools/bench.py --model DIR --steps 16 --repeat 3
 
 decode 是访存密集的：每一步都要把全部权重从内存读一遍。下限 = 权重字节数 / 实测的内存读带宽。
 batch 里多几个请求，读权重的代价几乎不变，所以好的实现 bs=4 每一步只比 bs=1 慢一点。
+结果打印成表，同时写进 docs/snippets/bench_cpu.md（里程碑那一页引用它；tests/repo/test_bench_snippet.py 核对它）。
 速度只在这里测、只在这里报，测试从不断言耗时。
 """
 
@@ -13,127 +14,273 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import io
+import os
+import platform
 import runpy
 import sys
 import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "ch6_engine_sampler"))
-sys.path.insert(0, str(ROOT / "tools"))
-
-sys.path.insert(0, str(ROOT / "ch6_engine_sampler" / "examples"))
-from stage1_milestone import PROMPTS, Milestone  # noqa: E402
-
-
-def best(fn, repeat: int) -> float:
-    return min(fn() for _ in range(repeat))
-
-
-def bandwidth_floor_ms(weight_bytes: int) -> tuple[float, float]:
-    """用 sum() 读一块大于缓存的缓冲区，量出内存读带宽（GB/s），再换算成读一遍权重要多少毫秒。"""
-    buf = torch.ones(max(weight_bytes, 256 << 20) // 4)
-    buf.sum()
-    secs = best(lambda: _timed(buf.sum), 5)
-    gbps = buf.numel() * 4 / secs / 1e9
-    return gbps, weight_bytes / (gbps * 1e9) * 1e3
+SNIPPET = ROOT / "docs" / "snippets" / "bench_cpu.md"
+COMMAND = ".venv/bin/python tools/bench.py --random-qwen3-0.6b"  # 文档里写的那一条命令
+# 表的列和行：tests/repo/test_bench_snippet.py 用它们核对写出来的文件和这里一致
+COLUMNS = ["", "decode bs=1 (ms/步)", "decode bs=4 (ms/步)", "prefill bs=1 (ms)", "prefill bs=4 (ms)",
+           "bs=1 tokens/s", "bs=4 tokens/s"]
+ROWS = {"floor": "内存带宽下限", "skeleton": "第 0 步骨架", "hf": "HF transformers", "engine": "第 6 章 Engine"}
+RATIO_COLUMNS = ["比值", "bs=1", "bs=4"]
+RATIOS = {"engine/floor": "Engine / 下限", "hf/engine": "HF / Engine", "skeleton/engine": "骨架 / Engine",
+          "engine bs4/bs1": "Engine 的 bs=4 步 / bs=1 步"}
 
 
-def _timed(fn) -> float:
+@dataclass
+class Timing:
+    """一个实现的结果（秒）；None = 做不到（骨架不能批处理）或不适用。"""
+
+    decode: dict[int, float | None] = field(default_factory=dict)
+    prefill: dict[int, float | None] = field(default_factory=dict)
+
+    def keep_best(self, kind: str, bs: int, seconds: float) -> None:
+        table = getattr(self, kind)
+        table[bs] = seconds if table.get(bs) is None else min(table[bs], seconds)
+
+
+def _timed(fn: Callable[[], object]) -> float:
     t0 = time.perf_counter()
     fn()
     return time.perf_counter() - t0
 
 
-def ours(path: str, bs: int, steps: int) -> float:
-    """第 6 章的 Engine，batch 的字段由里程碑脚本的 step() 手工填。返回 decode 每步的秒数。"""
-    milestone = Milestone(path, page_size=1)
-    try:
-        return milestone.generate(PROMPTS[:bs], steps + 1)[2]
-    finally:
-        milestone.engine.shutdown()
+def read_bandwidth(seconds: float = 1.0) -> tuple[float, str]:
+    """内存读带宽（GB/s）：1 GiB（远大于 L3）用两种方式反复从头读到尾，各读满约 `seconds` 秒取平均，再取两者中快的。
+    一种是 tensor.sum()；一种是 oneDNN 的 4 行矩阵乘，权重切成 64 块 4096×1024、按第 2 章的做法重排过——
+    和 decode 读权重的方式一样。读满约 1 秒（和一次 decode 计时差不多长）是因为这台共用机器的带宽时高时低：
+    只读一次（几十 ms）容易碰上邻居恰好空闲的一瞬，量出的下限会比任何一段持续的读都低。"""
+    buf = torch.ones(1 << 28)  # 1 GiB fp32
+
+    def sustained(fn: Callable[[], object]) -> float:
+        fn()
+        n, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            fn()
+            n += 1
+        return (time.perf_counter() - t0) / n
+
+    secs = {"sum()": sustained(buf.sum)}
+    if torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
+        blocks = [torch.ops.mkldnn._reorder_linear_weight(b, 4) for b in buf.view(64, 4096, 1024)]
+        buf = None  # 重排后的块是新的内存：原缓冲区先放掉
+        x = torch.ones(4, 1024)
+
+        def read_blocks() -> None:
+            for w in blocks:
+                torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
+
+        secs["oneDNN 4 行矩阵乘"] = sustained(read_blocks)
+        del blocks
+    del buf
+    how = "、".join(f"{k} {buf_gbps(t):.1f}" for k, t in secs.items())
+    return buf_gbps(min(secs.values())), f"每轮用 1 GiB 两种读法各连续读约 1 秒取平均，取最快的一轮：{how} GB/s"
 
 
-def skeleton(path: str, steps: int) -> float:
-    """第 0 步：runpy 跑一遍 skeleton.py 的 main（顺带加载权重），再直接调它的 forward 计时。"""
+def buf_gbps(seconds: float) -> float:
+    return (1 << 30) / seconds / 1e9
+
+
+class PeakRSS:
+    """加载期间进程常驻内存（RSS，含 mmap 进来的文件页）的峰值比加载前多了多少：先往 /proc/self/clear_refs 写 5
+    把内核记的峰值（VmHWM）清成当前值，加载完再读 VmHWM。只在 Linux 上有。"""
+
+    def __enter__(self) -> PeakRSS:
+        self.delta: int | None = None
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+            self.before = self._status("VmRSS")
+        except OSError:
+            self.before = None
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.before is not None:
+            self.delta = self._status("VmHWM") - self.before
+
+    @staticmethod
+    def _status(key: str) -> int:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key + ":"))
+
+
+def load_skeleton(path: str) -> dict:
+    """第 0 步：runpy 跑一遍 skeleton.py 的 main（生成 1 个 token，顺带加载权重），拿到它的 forward。"""
     argv, sys.argv = sys.argv, ["skeleton.py", "--model", path, "--max-new-tokens", "1", "--json"]
     try:
         with contextlib.redirect_stdout(io.StringIO()):
-            g = runpy.run_path(str(ROOT / "step0_skeleton" / "skeleton.py"), run_name="__main__")
+            return runpy.run_path(str(ROOT / "step0_skeleton" / "skeleton.py"), run_name="__main__")
     finally:
         sys.argv = argv
-    from transformers import AutoTokenizer
 
-    ids = torch.tensor(AutoTokenizer.from_pretrained(path)(PROMPTS[0]).input_ids)
+
+def time_skeleton(g: dict, ids: torch.Tensor, steps: int) -> tuple[float, float]:
+    """返回 (prefill 秒, decode 每步秒)：直接调骨架的 forward，和它自己的生成循环一样。"""
     kv = [None] * g["cfg"]["num_hidden_layers"]
     with torch.inference_mode():
-        logits = g["forward"](ids, torch.arange(len(ids)), kv)
-        pos = torch.tensor([len(ids)])
         t0 = time.perf_counter()
+        logits = g["forward"](ids, torch.arange(len(ids)), kv)
+        t1 = time.perf_counter()
+        pos = torch.tensor([len(ids)])
         for _ in range(steps):
             logits = g["forward"](logits.argmax()[None], pos, kv)
             pos = pos + 1
-    return (time.perf_counter() - t0) / steps
+    return t1 - t0, (time.perf_counter() - t1) / steps
 
 
-def hf(model, tok, bs: int, steps: int) -> float:
-    """HF generate：(生成 steps+1 个的时间 - 生成 1 个的时间) / steps 就是 decode 每步的时间。"""
+def time_hf(model, tok, prompts: list[str], steps: int) -> tuple[float, float]:
+    """HF generate：prefill = 生成 1 个的时间；decode 每步 = (生成 steps+1 个 - 生成 1 个) / steps。"""
     tok.padding_side = "left"
-    enc = tok(PROMPTS[:bs], return_tensors="pt", padding=True)
+    enc = tok(prompts, return_tensors="pt", padding=True)
 
     def run(n: int) -> float:
         return _timed(lambda: model.generate(**enc, max_new_tokens=n, min_new_tokens=n, do_sample=False))
 
     with torch.inference_mode():
-        run(2)
-        return (run(steps + 1) - run(1)) / steps
+        one = run(1)
+        return one, (run(steps + 1) - one) / steps
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model")
-    ap.add_argument("--steps", type=int, default=16)
-    ap.add_argument("--repeat", type=int, default=3, help="每项测几次取最快的一次")
-    ap.add_argument("--random-qwen3-0.6b", dest="random_qwen3_06b", action="store_true",
-                    help="没有真权重时：写一个 Qwen3-0.6B 形状的随机权重检查点（约 2.4 GB）来测")
-    args = ap.parse_args()
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    path = args.model
+def pick_path(args: argparse.Namespace) -> str:
+    sys.path.insert(0, str(ROOT / "tools"))
     if args.random_qwen3_06b:
         from make_tiny_models import make_random_qwen3_06b
 
         path = str(make_random_qwen3_06b())
-        print(f"Qwen3-0.6B 形状的随机权重：{path}（输出是乱码，但每步读的权重和真模型一样多）\n")
-    elif path is None:
-        real = ROOT / "models" / "Qwen3-0.6B"
-        if list(real.glob("*.safetensors")):
-            path = str(real)
-        else:
-            from make_tiny_models import make_all
+        print(f"Qwen3-0.6B 形状的随机权重：{path}（输出是乱码，但每步读的权重和真模型一样多）")
+        return path
+    if args.model:
+        return args.model
+    real = ROOT / "models" / "Qwen3-0.6B"
+    if list(real.glob("*.safetensors")):
+        return str(real)
+    from make_tiny_models import make_all
 
-            path = str(make_all(names=["qwen3-tied"])["qwen3-tied"])
-            print(f"没有 {real}：用离线小模型 {path}。它太小，数字主要是 Python 开销，不反映访存\n")
+    path = str(make_all(names=["qwen3-tied"])["qwen3-tied"])
+    print(f"没有 {real}：用离线小模型 {path}。它太小，数字主要是 Python 开销，不反映访存")
+    return path
+
+
+def cpu_name() -> str:
+    with contextlib.suppress(OSError):
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def fmt(x: float | None, digits: int = 1) -> str:
+    return "—" if x is None else f"{x:.{digits}f}"
+
+
+def render(results: dict[str, Timing], meta: dict[str, str]) -> str:
+    """结果 -> markdown：抬头（命令、日期、机器、版本）、时间表、比值表、内存。"""
+    lines = [f"<!-- 由 tools/bench.py 生成，不要手改；重新生成：{meta['command']} -->", "",
+             f"命令：`{meta['command']}`<br>",
+             f"日期：{meta['date']}；机器：{meta['cpu']}，{meta['cores']} 核；torch {meta['torch']}，"
+             f"transformers {meta['transformers']}，{meta['threads']} 个线程<br>",
+             f"模型：{meta['model']}，fp32 权重 {meta['weights_mib']} MiB；内存读带宽 {meta['bandwidth']}<br>",
+             f"以下数字来自**一次运行**（decode 取 {meta['steps']} 步的平均，每项测 {meta['repeat']} 轮取最快），"
+             "换个时间、换台机器都会有起伏；比的是同一次运行里的相对快慢。", "",
+             "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    for key, label in ROWS.items():
+        t = results[key]
+        cells = [label] + [fmt(None if t.decode.get(bs) is None else t.decode[bs] * 1e3) for bs in (1, 4)]
+        cells += [fmt(None if t.prefill.get(bs) is None else t.prefill[bs] * 1e3) for bs in (1, 4)]
+        cells += [fmt(None if t.decode.get(bs) is None else bs / t.decode[bs]) for bs in (1, 4)]
+        lines.append("| " + " | ".join(cells) + " |")
+    e, f, h, s = (results[k].decode for k in ("engine", "floor", "hf", "skeleton"))
+
+    def ratio(a: float | None, b: float | None) -> str:
+        return fmt(None if a is None or b is None else a / b, 2)
+
+    ratios = {"engine/floor": (ratio(e[1], f[1]), ratio(e[4], f[4])),
+              "hf/engine": (ratio(h[1], e[1]), ratio(h[4], e[4])),
+              "skeleton/engine": (ratio(s[1], e[1]), ratio(s.get(4), e[4])), "engine bs4/bs1": (ratio(e[4], e[1]), "")}
+    lines += ["", "| " + " | ".join(RATIO_COLUMNS) + " |", "|" + "---|" * len(RATIO_COLUMNS)]
+    lines += [f"| {RATIOS[k]} | {a} | {b} |" for k, (a, b) in ratios.items()]
+    lines += ["", f"加载 Engine 时常驻内存的峰值增量：{meta['peak_rss']}；权重 + KV 池 = {meta['weights_kv']}"
+              f"（差 {meta['rss_over']}）。"]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", help="模型目录；默认 models/Qwen3-0.6B，没有就用离线小模型")
+    ap.add_argument("--steps", type=int, default=16, help="decode 步数")
+    ap.add_argument("--repeat", type=int, default=3, help="每项测几轮取最快的一轮（几个实现轮流测，噪声摊得匀）")
+    ap.add_argument("--random-qwen3-0.6b", dest="random_qwen3_06b", action="store_true",
+                    help="没有真权重时：写一个 Qwen3-0.6B 形状的随机权重检查点（约 2.4 GB，已有就复用）来测")
+    ap.add_argument("--out", default=str(SNIPPET), help="写 markdown 表的位置（空字符串 = 不写）")
+    args = ap.parse_args()
+    path = pick_path(args)
+
+    sys.path.insert(0, str(ROOT / "ch6_engine_sampler" / "examples"))
+    import transformers
+    from stage1_milestone import PROMPTS, Milestone  # 第 6 章的检查点（它把自己加进 sys.path）
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gc.collect()
+    with PeakRSS() as rss:
+        milestone = Milestone(path, page_size=1)
+    engine = milestone.engine
+    weights = sum(t.numel() * t.element_size() for t in engine.model.state_dict().values())  # 绑定的词嵌入只算一次
+    kv = 2 * engine.kv_cache.num_layers * engine.kv_cache.k_cache(0).numel() * engine.kv_cache.dtype.itemsize
+    results = {"floor": Timing(), "skeleton": Timing(), "hf": Timing(), "engine": Timing()}
+    gbps, how = 0.0, ""
+
+    skel = load_skeleton(path)
     tok = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())  # 绑定的词嵌入只算一次
-    gbps, floor = bandwidth_floor_ms(weight_bytes)
-    rows = [("内存带宽下限", floor / 1e3, floor / 1e3)]
-    rows.append(("第 0 步骨架", best(lambda: skeleton(path, args.steps), args.repeat), None))
-    rows.append(("HF transformers", *(best(lambda: hf(model, tok, bs, args.steps), args.repeat) for bs in (1, 4))))
-    rows.append(("我们（第 6 章 Engine）",
-                 *(best(lambda: ours(path, bs, args.steps), args.repeat) for bs in (1, 4))))
-    print(f"模型 {path}：权重 {weight_bytes / 2**20:.1f} MiB；内存读带宽 {gbps:.1f} GB/s；"
-          f"{torch.get_num_threads()} 个线程；decode {args.steps} 步，每项取 {args.repeat} 次中最快的")
-    print(f"{'':24}{'bs=1 ms/步':>12}{'bs=4 ms/步':>12}{'bs=4 tokens/s':>15}{'bs=4 / bs=1':>13}")
-    for name, t1, t4 in rows:
-        if t4 is None:
-            print(f"{name:24}{t1 * 1e3:12.2f}{'—':>12}{'—':>15}{'—':>13}")
-        else:
-            print(f"{name:24}{t1 * 1e3:12.2f}{t4 * 1e3:12.2f}{4 / t4:15.1f}{t4 / t1:13.2f}")
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    ids = torch.tensor(tok(PROMPTS[0]).input_ids)
+    for r in range(args.repeat):  # 轮流测（带宽也每轮量一次）：机器忙的那一阵不会只落在一个实现头上
+        round_gbps, round_how = read_bandwidth()
+        if round_gbps > gbps:
+            gbps, how = round_gbps, round_how
+        for bs in (1, 4):
+            outs, t_prefill, t_step = milestone.generate(PROMPTS[:bs], args.steps + 1)
+            results["engine"].keep_best("prefill", bs, t_prefill)
+            results["engine"].keep_best("decode", bs, t_step)
+            t_prefill, t_step = time_hf(hf, tok, PROMPTS[:bs], args.steps)
+            results["hf"].keep_best("prefill", bs, t_prefill)
+            results["hf"].keep_best("decode", bs, t_step)
+        t_prefill, t_step = time_skeleton(skel, ids, args.steps)
+        results["skeleton"].keep_best("prefill", 1, t_prefill)
+        results["skeleton"].keep_best("decode", 1, t_step)
+        print(f"第 {r + 1}/{args.repeat} 轮：Engine {results['engine'].decode[1] * 1e3:.1f} / "
+              f"{results['engine'].decode[4] * 1e3:.1f} ms/步（bs=1 / bs=4，到目前最快）", flush=True)
+    engine.shutdown()
+    results["floor"] = Timing({1: weights / (gbps * 1e9), 4: weights / (gbps * 1e9)}, {})
+
+    gib = 2 ** 30
+    meta = dict(command=COMMAND if args.random_qwen3_06b else "python " + " ".join(["tools/bench.py"] + sys.argv[1:]),
+                date=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), cpu=cpu_name(),
+                cores=str(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()),
+                torch=torch.__version__, transformers=transformers.__version__, threads=str(torch.get_num_threads()),
+                model=Path(path).name, weights_mib=f"{weights / 2**20:.0f}", bandwidth=f"{gbps:.1f} GB/s（{how}）",
+                steps=str(args.steps), repeat=str(args.repeat), weights_kv=f"{(weights + kv) / gib:.2f} GiB",
+                peak_rss="量不到（没有 /proc/self/clear_refs）" if rss.delta is None else f"{rss.delta / gib:.2f} GiB",
+                rss_over="—" if rss.delta is None else f"{(rss.delta - weights - kv) / gib:+.2f} GiB")
+    text = render(results, meta)
+    print("\n" + text)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(text, encoding="utf-8")
+        print(f"已写入 {args.out}")
 
 
 if __name__ == "__main__":

@@ -129,4 +129,5 @@ def load_model(path: str) -> Qwen3ForCausalLM:
                 break
         parts[name][idx] = find_op(model, name.rsplit(".", 1)[0]).shard(tensor, idx)
     model.load_state_dict({name: torch.cat([p[i] for i in sorted(p)]) for name, p in parts.items()})
+    model.process_weights_after_loading()  # 线性层把权重重排成 oneDNN 的布局（见 layers/linear.py）
     return model

@@ -16,7 +16,7 @@ from minisgl.distributed import DistributedCommunicator, get_tp_info
 from minisgl.utils import div_ceil
 
 from .base import _STATE_DICT, BaseOP
-from .linear import linear
+from .linear import linear, prepack_weight
 
 
 class VocabParallelEmbedding(BaseOP):
@@ -71,6 +71,10 @@ class ParallelLMHead(VocabParallelEmbedding):
             state_dict.pop(f"{prefix}.{name}" if prefix else name, None)
         if not _internal and state_dict:
             raise RuntimeError(f"state_dict 里有模型用不到的键：{sorted(state_dict)}")
+
+    def process_weights_after_loading(self) -> None:
+        if self._tied is None:  # 绑定时权重归词嵌入：查表要普通布局，不能重排（再存一份重排的要多占整张词表）
+            self.weight = prepack_weight(self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch = get_global_ctx().batch

@@ -8,7 +8,7 @@
 - LinearOProj / LinearRowParallel  按输入切（行并行）：weight (out, in/tp)，各份结果求和（all-reduce）
 
 每一层自己知道怎么从完整的检查点张量里切出本 rank 的那份：shard(full, part)。
-所有矩阵乘都走 linear()：CPU 上的 fp32 用 oneDNN，见它的说明。
+所有矩阵乘都走 linear()：CPU 上的 fp32 用 oneDNN，权重在加载后重排一次（prepack_weight），见下面的说明。
 """
 
 from __future__ import annotations
@@ -25,12 +25,28 @@ from .base import BaseOP
 
 # CPU 上 fp32 的 F.linear 走 MKL 的 sgemm：batch 只有几行时（decode 正是这样）它读权重只有内存带宽的一半左右，
 # 而且 4 行比 1 行慢一倍多。oneDNN 的 linear 一次把权重流过去，4 行只比 1 行稍慢——批处理的道理才看得见。
-# 这是 torch 的内部算子：没有它（别的构建、别的平台）就退回 F.linear；两者只差浮点累加顺序，测试核对过。
-_ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+# 再进一步：加载后把权重按 oneDNN 的分块布局重排一次（prepack），每一步就不用再按普通布局凑合着读。
+# 这些是 torch 的内部算子：没有它们（别的构建、别的平台）就不重排、退回 F.linear；两者只差浮点累加顺序，测试核对过。
+_ONEDNN = (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+           and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+_PACK_ROWS = 4  # 告诉 oneDNN 按几行的输入挑布局：里程碑的 decode batch 是 4 行；十几行（prefill）用它也快
+
+
+def prepack_weight(weight: torch.Tensor) -> torch.Tensor:
+    """(out, in) 的 fp32 CPU 权重 -> oneDNN 分块布局的同形状张量（torch._mkldnn，只能交给 linear() 用）。
+    其他情况（GPU、bf16、meta、没有 oneDNN）原样返回。"""
+    if _ONEDNN and weight.is_cpu and not weight.is_mkldnn and weight.dtype == torch.float32 and weight.dim() == 2:
+        return torch.ops.mkldnn._reorder_linear_weight(weight, _PACK_ROWS)
+    return weight
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x: (N, in)，weight: (out, in)，bias: (out,) -> (N, out)。"""
+    """x: (N, in)，weight: (out, in)（可以是 prepack_weight 重排过的），bias: (out,) -> (N, out)。"""
+    if weight.is_mkldnn:  # 重排过的权重只能交给 oneDNN
+        n = x.shape[0]
+        if n < _PACK_ROWS:  # 这个布局是按 _PACK_ROWS 行挑的：1 行时补几行 0 反而比只算 1 行快（实测），多出的行丢掉
+            x = torch.cat([x, x.new_zeros(_PACK_ROWS - n, x.shape[1])])
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")[:n]
     if _ONEDNN and x.is_cpu and x.dtype == weight.dtype == torch.float32 and x.dim() == 2:
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
     return F.linear(x, weight, bias)
@@ -44,6 +60,9 @@ class _LinearTPImpl(BaseOP):
         self.bias = torch.empty(local_osize) if has_bias else None
         tp = get_tp_info()
         self._rank, self._tp = tp.rank, tp.size
+
+    def process_weights_after_loading(self) -> None:
+        self.weight = prepack_weight(self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.weight, self.bias)

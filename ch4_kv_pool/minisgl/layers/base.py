@@ -40,6 +40,13 @@ class BaseOP:
                 value.state_dict(prefix=_join(prefix, name), result=result)
         return result
 
+    def process_weights_after_loading(self) -> None:
+        """加载完、第一次前向之前调用一次：算子可以把自己的权重换成更快的布局（见 linear.py）。
+        默认什么也不换，只往子算子传。之后 state_dict() 里可能是换过布局的张量，所以它放在加载之后单独调。"""
+        for name, value in self.__dict__.items():
+            if not name.startswith("_") and isinstance(value, BaseOP):
+                value.process_weights_after_loading()
+
     def load_state_dict(self, state_dict: _STATE_DICT, *, prefix: str = "", _internal: bool = False) -> None:
         """从 state_dict 里取走（pop）自己的键，核对形状和 dtype，再把张量直接设成参数（不拷贝）。
         最外层调用结束时 state_dict 里还有剩余的键就报错：多出来的权重说明模型和检查点对不上。"""
@@ -71,6 +78,9 @@ class StateLessOP(BaseOP):
         if not _internal and state_dict:
             raise RuntimeError(f"state_dict 里有模型用不到的键：{sorted(state_dict)}")
 
+    def process_weights_after_loading(self) -> None:
+        pass  # 借来的子算子（比如 q_norm）归外层管，这里不重复处理
+
 
 T = TypeVar("T", bound=BaseOP)
 
@@ -92,3 +102,7 @@ class OPList(BaseOP, Generic[T]):
             op.load_state_dict(state_dict, prefix=_join(prefix, str(i)), _internal=True)
         if not _internal and state_dict:
             raise RuntimeError(f"state_dict 里有模型用不到的键：{sorted(state_dict)}")
+
+    def process_weights_after_loading(self) -> None:
+        for op in self.op_list:
+            op.process_weights_after_loading()

@@ -54,6 +54,13 @@ def _open(file: str, device: torch.device | str):
         raise ValueError(f"{file} 不是完整的 safetensors 文件（截断了或者损坏了？重新下载它）：{e}") from None
 
 
+def _get_tensor(file: str, key: str, device: torch.device | str) -> torch.Tensor:
+    """每个张量单独打开一次文件。safetensors 把文件 mmap 进来，读过的页算进进程的常驻内存，文件一直开着的话，
+    读到最后会多出整整一份权重；单独打开，这个张量的视图一释放（复制完就释放）映射就解除、页也不再算进来。"""
+    with _open(file, device) as f:
+        return f.get_tensor(key)
+
+
 def find_op(root: BaseOP, name: str) -> BaseOP:
     """'model.layers.3.mlp.down_proj' -> 对应的算子对象。"""
     op = root
@@ -96,7 +103,7 @@ def load_weight(model_path: str, model: BaseOP, device: torch.device | str = "cp
                     op = find_op(model, name.rsplit(".", 1)[0])
                 except KeyError:
                     raise KeyError(f"{os.path.basename(file)} 里的 {key} 在模型里没有对应的算子") from None
-                full = f.get_tensor(key)
+                full = _get_tensor(file, key, device)
                 if full.dtype not in _FLOAT_DTYPES:  # 引擎会 .to(dtype)：整数或 fp8 会被悄悄转成错的权重
                     raise ValueError(f"{os.path.basename(file)} 里的 {key} 是 {full.dtype}，"
                                      f"权重只能是 float32/bfloat16/float16（量化的检查点阶段一不支持）")

@@ -3,6 +3,9 @@
 支持变长 batch（每个请求新 token 数不同）、分页 KV（按 page table 的槽位读历史）、前缀复用（cached_len > 0
 的 prefill 接在已缓存的历史后面，因果掩码右下角对齐）和 GQA。和官方的 FlashInfer 后端一样把每个 token 当成
 一页：page table 存的本来就是原始槽位，所以任何 page_size 都不用特殊处理。
+
+decode 另有一条批量的快路：每个请求只有 1 个新 token，把各自的历史补齐成 (bs, 最长历史) 的矩形（补的位置遮掉），
+每层就是几次整批的运算，不再按请求循环。算式和通用路径一样，只是多了一维 batch。
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ class TorchAttnMetadata(BaseAttnMetadata):
     cu_seqlens_k: torch.Tensor  # (padded_bs + 1,) int32：每个请求全部历史在 indices 里的起止
     indices: torch.Tensor  # (Σ device_len,) int64：每个请求全部历史的 KV 槽位，首尾相接（int64 直接拿来索引）
     seqs: List[Tuple[int, int, int, int, int]]  # 每个请求 (q 起, q 止, k 起, k 止, cached_len)，切片用的 Python 整数
+    decode_slots: torch.Tensor | None = None  # 只在 decode：(bs, L) int64，每行是一个请求的历史槽位，补齐到最长的 L
+    decode_mask: torch.Tensor | None = None  # 只在 decode：(bs, 1, 1, L) bool，True = 真历史，False = 补的
 
     def get_last_indices(self, bs: int) -> torch.Tensor:
         return self.cu_seqlens_q[1:1 + bs] - 1
@@ -56,11 +61,21 @@ class TorchBackend(BaseAttnBackend):
             seqs=[(q_bounds[i], q_bounds[i + 1], k_bounds[i], k_bounds[i + 1], r.cached_len)
                   for i, r in enumerate(reqs)],
         )
+        if batch.is_decode and q_bounds[-1] == len(reqs):  # 每个请求正好 1 个新 token；每个 batch 准备一次，各层共用
+            lens = [r.device_len for r in reqs]
+            slots = page_table[torch.tensor([r.table_idx for r in reqs], device=device), :max(lens)]
+            mask = torch.arange(slots.shape[1], device=device) < torch.tensor(lens, device=device)[:, None]
+            # 补的位置指向自己的第 0 个槽位：它一定写过，读出的数有限；权重是 0，对结果没有贡献
+            batch.attn_metadata.decode_slots = torch.where(mask, slots, slots[:, :1]).long()
+            batch.attn_metadata.decode_mask = mask[:, None, None, :]
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch) -> torch.Tensor:
         meta: TorchAttnMetadata = batch.attn_metadata
         self.kvcache.store_kv(k, v, batch.out_loc, layer_id)  # 先写：新 token 也要看见自己
         kv_shape = (-1, self.num_kv_heads, self.head_dim)
+        if meta.decode_slots is not None:
+            return self._decode(q, self.kvcache.k_cache(layer_id).view(kv_shape)[meta.decode_slots],
+                                self.kvcache.v_cache(layer_id).view(kv_shape)[meta.decode_slots], meta.decode_mask)
         k_all = self.kvcache.k_cache(layer_id).view(kv_shape)[meta.indices]  # 一次取出整个 batch 的历史
         v_all = self.kvcache.v_cache(layer_id).view(kv_shape)[meta.indices]
         out = torch.empty_like(q)
@@ -77,3 +92,12 @@ class TorchBackend(BaseAttnBackend):
         future = torch.arange(k.shape[0], device=q.device)[None, :] > q_pos[:, None]  # 右下角对齐的因果掩码
         s = s.masked_fill(future, float("-inf"))
         return torch.einsum("hqk,khd->qhd", s.softmax(-1, dtype=torch.float32).to(v.dtype), v)
+
+    def _decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """整个 batch 一起。q: (bs, H_q, D) 每个请求 1 个新 token；k, v: (bs, L, H_kv, D)；mask: (bs, 1, 1, L)。
+        GQA 不复制 kv：q 按 (H_kv, 组内第几个) 排开，同一组的 q 头共用一个 kv 头。"""
+        bs, groups = q.shape[0], self.num_qo_heads // self.num_kv_heads
+        q = q.reshape(bs, self.num_kv_heads, groups, self.head_dim)
+        s = torch.einsum("bhgd,blhd->bhgl", q, k) * self.scale
+        s = s.masked_fill(~mask, float("-inf")).softmax(-1, dtype=torch.float32).to(v.dtype)
+        return torch.einsum("bhgl,blhd->bhgd", s, v).reshape(bs, self.num_qo_heads, self.head_dim)

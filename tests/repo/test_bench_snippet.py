@@ -1,0 +1,85 @@
+"""docs/snippets/bench_cpu.md 是 tools/bench.py 的一次运行结果，书里直接引用：核对它没被手改坏、和脚本现在写的一致。
+
+不计时、不重跑基准：只解析表格，用表里的时间重新算比值和 tokens/s，看和写着的是否对得上。
+"""
+
+import re
+from pathlib import Path
+
+import pytest
+
+import bench
+
+SNIPPET = Path(__file__).resolve().parents[2] / "docs" / "snippets" / "bench_cpu.md"
+
+
+def parse(text: str) -> tuple[list[list[str]], list[list[str]]]:
+    """-> (时间表, 比值表)，各自是若干行单元格，第一行是表头（跳过分隔行）。"""
+    tables, current = [], []
+    for line in text.splitlines() + [""]:
+        if line.startswith("|"):
+            if not re.fullmatch(r"\|(---\|)+", line):
+                current.append([c.strip() for c in line.strip("|").split("|")])
+        elif current:
+            tables.append(current)
+            current = []
+    assert len(tables) == 2, f"应该正好两张表（时间、比值），找到 {len(tables)} 张"
+    return tables[0], tables[1]
+
+
+def num(cell: str) -> float | None:
+    return None if cell in ("—", "") else float(cell)
+
+
+@pytest.fixture(scope="module")
+def text() -> str:
+    assert SNIPPET.is_file(), f"{SNIPPET} 不存在：运行 {bench.COMMAND} 生成它"
+    return SNIPPET.read_text(encoding="utf-8")
+
+
+def test_header_names_command_date_machine_and_versions(text):
+    assert f"命令：`{bench.COMMAND}`" in text, "抬头要写出生成它的命令（就是文档里那一条）"
+    assert re.search(r"日期：\d{4}-\d\d-\d\d \d\d:\d\d UTC", text)
+    assert re.search(r"机器：.+，\d+ 核；torch \d+\.\d+", text)
+    assert "一次运行" in text and "内存读带宽" in text
+
+
+def test_columns_and_rows_match_what_bench_writes_now(text):
+    """把一份假结果交给 bench.render，解析出来的表头和行名必须和文件里的一样：脚本改了列，文件就要重新生成。"""
+    fake = {k: bench.Timing({1: 0.1, 4: 0.2}, {1: 0.3, 4: 0.4}) for k in bench.ROWS}
+    meta = {k: "x" for k in ("command", "date", "cpu", "cores", "torch", "transformers", "threads", "model",
+                             "weights_mib", "bandwidth", "steps", "repeat", "peak_rss", "weights_kv", "rss_over")}
+    want_times, want_ratios = parse(bench.render(fake, meta))
+    times, ratios = parse(text)
+    assert times[0] == want_times[0] == bench.COLUMNS and ratios[0] == bench.RATIO_COLUMNS
+    assert [r[0] for r in times] == [r[0] for r in want_times]
+    assert [r[0] for r in ratios] == [r[0] for r in want_ratios]
+
+
+def test_ratios_and_throughput_agree_with_the_times(text):
+    times, ratios = parse(text)
+    rows = {r[0]: [num(c) for c in r[1:]] for r in times[1:]}
+    floor, skeleton, hf, engine = (rows[bench.ROWS[k]] for k in ("floor", "skeleton", "hf", "engine"))
+    assert floor[0] == floor[1], "下限和 batch 大小无关：bs=1、bs=4 应该相同"
+    for name, (d1, d4, _p1, _p4, tps1, tps4) in rows.items():
+        assert d1 is not None and tps1 == pytest.approx(1000 / d1, rel=2e-3, abs=0.06), name
+        if d4 is not None:
+            assert tps4 == pytest.approx(4000 / d4, rel=2e-3, abs=0.06), name
+    assert engine[2] is not None and hf[2] is not None and skeleton[2] is not None  # prefill 都量了
+    expected = {"engine/floor": (engine[0] / floor[0], engine[1] / floor[1]),
+                "hf/engine": (hf[0] / engine[0], hf[1] / engine[1]),
+                "skeleton/engine": (skeleton[0] / engine[0], None),
+                "engine bs4/bs1": (engine[1] / engine[0], None)}
+    written = {r[0]: (num(r[1]), num(r[2])) for r in ratios[1:]}
+    for key, label in bench.RATIOS.items():
+        for got, want in zip(written[label], expected[key]):
+            assert (got is None) == (want is None), label
+            if want is not None:
+                assert got == pytest.approx(want, rel=2e-3, abs=0.006), label
+
+
+def test_memory_line_is_consistent(text):
+    m = re.search(r"峰值增量：([\d.]+) GiB；权重 \+ KV 池 = ([\d.]+) GiB（差 ([+-][\d.]+) GiB）", text)
+    assert m, "缺少加载 Engine 时的峰值内存那一行"
+    peak, budget, over = map(float, m.groups())
+    assert over == pytest.approx(peak - budget, abs=0.011)
