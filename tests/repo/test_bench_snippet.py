@@ -83,3 +83,25 @@ def test_memory_line_is_consistent(text):
     assert m, "缺少加载 Engine 时的峰值内存那一行"
     peak, budget, over = map(float, m.groups())
     assert over == pytest.approx(peak - budget, abs=0.011)
+
+
+KERNELS = SNIPPET.parent / "bench_kernels.md"
+
+
+def test_kernel_table_is_what_bench_kernels_writes():
+    """第 2 章引用的线性层核的表：抬头写着命令，列是脚本默认比较的三种做法，GB/s 由 MiB 和 ms 算得出。"""
+    import bench_kernels
+
+    assert KERNELS.is_file(), f"{KERNELS} 不存在：运行 {bench_kernels.COMMAND} 生成它"
+    text = KERNELS.read_text(encoding="utf-8")
+    assert f"命令：`{bench_kernels.COMMAND}`" in text and re.search(r"日期：\d{4}-\d\d-\d\d \d\d:\d\d UTC", text)
+    mib = float(re.search(r"fp32 权重 (\d+) MiB", text).group(1))
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in text.splitlines()
+            if line.startswith("|") and not re.fullmatch(r"\|(---\|)+", line)]
+    pack = bench_kernels.linear_mod._PACK_ROWS
+    assert rows[0] == ["行数", "F.linear（MKL sgemm）", "oneDNN，普通布局", f"oneDNN，加载时重排（按 {pack} 行）"]
+    assert [r[0] for r in rows[1:]] == ["1", "4", "16"]
+    for r in rows[1:]:
+        for cell in r[1:]:
+            ms, gbps = map(float, re.fullmatch(r"([\d.]+) ms，([\d.]+) GB/s", cell).groups())
+            assert gbps == pytest.approx(mib * 2**20 / (ms / 1e3) / 1e9, rel=0.01, abs=0.06), cell

@@ -9,13 +9,14 @@ from __future__ import annotations
 from typing import Tuple
 
 import torch
+import torch.nn.functional as F
 
 from .base import BaseOP
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    xf = x.float()
-    return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    # F.rms_norm 不带 weight：就是 xf * rsqrt(mean(xf²) + eps)，一次调用代替五个小算子（decode 时每步一百多次）
+    return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
 
 
 class RMSNorm(BaseOP):
