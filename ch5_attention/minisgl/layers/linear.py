@@ -45,7 +45,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if weight.is_mkldnn:  # 重排过的权重只能交给 oneDNN
         n = x.shape[0]
         if n < _PACK_ROWS:  # 这个布局是按 _PACK_ROWS 行挑的：1 行时补几行 0 反而比只算 1 行快（实测），多出的行丢掉
-            x = torch.cat([x, x.new_zeros(_PACK_ROWS - n, x.shape[1])])
+            x = F.pad(x, (0, 0, 0, _PACK_ROWS - n))  # 在行的方向补 0
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")[:n]
     if _ONEDNN and x.is_cpu and x.dtype == weight.dtype == torch.float32 and x.dim() == 2:
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
