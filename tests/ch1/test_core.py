@@ -5,20 +5,13 @@ import torch
 
 from minisgl import core
 from minisgl.core import Batch, Context, Req, SamplingParams
+from tests.ch1.common import ready_batch
 
 
 def make_req(prompt_len=5, n=3, cached_len=0, table_idx=0):
     return Req(input_ids=torch.arange(prompt_len, dtype=torch.int32), table_idx=table_idx, cached_len=cached_len,
                output_len=n, uid=table_idx, sampling_params=SamplingParams(max_tokens=n), cache_handle=None)
 
-
-def ready_batch(reqs, phase="prefill"):
-    """字段都填好的 batch：ctx.forward_batch 会先检查它。"""
-    b = Batch(reqs=reqs, phase=phase)
-    b.padded_reqs = reqs
-    b.input_ids = torch.cat([r.input_ids[r.cached_len:r.device_len] for r in reqs])
-    b.positions = torch.cat([torch.arange(r.cached_len, r.device_len, dtype=torch.int32) for r in reqs])
-    return b
 
 
 def lengths(r):

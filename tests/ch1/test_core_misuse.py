@@ -9,20 +9,14 @@ import math
 import pytest
 import torch
 
-from minisgl.core import Batch, Context, Req, SamplingParams, check_token_ids
+from minisgl.core import Context, Req, SamplingParams, check_token_ids
+from tests.ch1.common import ready_batch
 
 
 def make_req(prompt_len=5, cached_len=0, uid=0):
     return Req(input_ids=torch.arange(prompt_len, dtype=torch.int32), table_idx=uid, cached_len=cached_len,
                output_len=3, uid=uid, sampling_params=SamplingParams(), cache_handle=None)
 
-
-def ready_batch(reqs, phase="prefill"):
-    b = Batch(reqs=reqs, phase=phase)
-    b.padded_reqs = reqs
-    b.input_ids = torch.cat([r.input_ids[r.cached_len:r.device_len] for r in reqs])
-    b.positions = torch.cat([torch.arange(r.cached_len, r.device_len, dtype=torch.int32) for r in reqs])
-    return b
 
 
 @pytest.mark.parametrize("field, value", [

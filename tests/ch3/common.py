@@ -34,3 +34,10 @@ def load_into(model, path, dtype=torch.float32, rank=0, size=1):
         reset_tp_info()
 
 
+def stream(path, model, rank=0, size=1):
+    """load_weight 交出的 (名字, 张量)，按交出的顺序。"""
+    set_tp_info(rank, size)
+    try:
+        return list(load_weight(str(path), model))
+    finally:
+        reset_tp_info()

@@ -17,21 +17,13 @@ from hypothesis import strategies as st
 from safetensors.torch import load as load_safetensors_bytes
 from safetensors.torch import save_file
 
-from minisgl.distributed import reset_tp_info, set_tp_info
-from minisgl.models import ModelConfig, RotaryConfig, load_hf_config, load_weight
-from tests.ch3.common import build_meta, config_of, load_into
+from minisgl.models import ModelConfig, RotaryConfig, load_hf_config
+from tests.ch3.common import build_meta, config_of, load_into, stream
 
 ARCHS = ["LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"]
 NEEDED = ["architectures", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
           "vocab_size", "max_position_embeddings", "rms_norm_eps"]
 
-
-def stream(path, model, rank=0, size=1):
-    set_tp_info(rank, size)
-    try:
-        return list(load_weight(str(path), model))
-    finally:
-        reset_tp_info()
 
 
 def copy_model(tiny_models, name, tmp_path):

@@ -15,19 +15,11 @@ from safetensors.torch import save_file
 
 from minisgl.distributed import reset_tp_info, set_tp_info
 from minisgl.models import load_weight
-from tests.ch3.common import FAMILIES, MERGED, build_meta, config_of, load_into
+from tests.ch3.common import FAMILIES, MERGED, build_meta, config_of, load_into, stream
 from tests.harness.reference import hf_tensors
 
 TIED = {"qwen3-tied": True, "qwen3-untied": False, "qwen2": False, "llama3": True}
 
-
-def stream(path, model, rank=0, size=1):
-    """load_weight 交出的 (名字, 张量)，按交出的顺序。"""
-    set_tp_info(rank, size)
-    try:
-        return list(load_weight(str(path), model))
-    finally:
-        reset_tp_info()
 
 
 def load(path, dtype=torch.float32, rank=0, size=1):
