@@ -55,8 +55,10 @@ def tp_cut() -> SVG:
         if i < len(steps) - 1:
             svg.line(x + 104, 308, x + 116, 308, MUTED, arrow=True)
         x += 118
-    svg.text(178, 390, "× 层数；每层另有 RMSNorm、RoPE、残差：各 rank 都完整地算一遍（不切）", 12, MUTED, anchor="start")
-    svg.caption(["列并行的输出正好是行并行要的那一段输入，所以一对列 → 行只在末尾 all-reduce 一次：每层两次（o_proj、down_proj）。",
+    svg.text(178, 390, "× 层数；每层另有 RMSNorm、RoPE、残差：各 rank 都完整地算一遍（不切）", 12, MUTED,
+             anchor="start")
+    svg.caption(["列并行的输出正好是行并行要的那一段输入，所以一对列 → 行只在末尾 all-reduce 一次："
+                 "每层两次（o_proj、down_proj）。",
                  "词嵌入每个 rank 只查自己那段词表、别的 id 记 0，求和（all-reduce）拼出完整向量；",
                  "lm_head 每个 rank 算自己那段词表的 logits，all-gather 拼成完整的一行再采样。"])
     return svg
@@ -161,10 +163,12 @@ def streaming_load() -> SVG:
                 del pending[name]
         if fill:
             svg.box(430, y + 2, 250, 21, out, fill, 11, mono=True)
-        waiting = [f"{_short(n).replace('.mlp', '').replace('.self_attn', '').replace('_proj', '')} {len(p)}/{3 if 'qkv' in n else 2}" for n, p in pending.items()]
+        waiting = [f"{_short(n).replace('.mlp', '').replace('.self_attn', '').replace('_proj', '')} "
+                   f"{len(p)}/{3 if 'qkv' in n else 2}" for n, p in pending.items()]
         if waiting:
             svg.box(690, y + 2, 194, 21, "，".join(waiting), PURPLE, 11, mono=True)
-    svg.caption(["合并的几块不一定挨着，甚至不在同一个分片（L1 的 gate_proj 在分片 3，up_proj 在分片 4）：先到的切好放进 pending，",
+    svg.caption(["合并的几块不一定挨着，甚至不在同一个分片（L1 的 gate_proj 在分片 3，up_proj 在分片 4）："
+                 "先到的切好放进 pending，",
                  "凑齐才按 q、k、v / gate、up 的顺序拼成一块交出。其余张量切好立刻交出（复制一份），",
                  "所以任何时刻内存里只有已交出的权重 + pending 里没凑齐的几块。"])
     return svg

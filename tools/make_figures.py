@@ -75,7 +75,8 @@ def batch_layout() -> SVG:
     svg.text(20, 316, "全部历史（indices，注意力按它从 KV 池取 K/V）：", 13, anchor="start", bold=True)
     row(326, "indices", indices, [REQ_COLORS[k] for k in hist_who])
     bounds(376, "cu_seqlens_k", cu_k)
-    svg.caption([f"out_loc 和 indices 都从 page table 读：A 用第 0 页（槽位 0–3），B 第 1 页，C 第 2、3 页（槽位 8–15）；"
+    svg.caption(["out_loc 和 indices 都从 page table 读：A 用第 0 页（槽位 0–3），B 第 1 页，"
+                 "C 第 2、3 页（槽位 8–15）；"
                  f"C 的新 token 在位置 {reqs[2][1]}、{reqs[2][2] - 1}。",
                  "cu_seqlens_q 是 extend_len 的前缀和，cu_seqlens_k 是 device_len 的前缀和；"
                  "LM head 只取每个请求最后一行。"])
@@ -148,7 +149,8 @@ def gqa_heads() -> SVG:
             svg.box(x + 16 + i * 84, 306, 72, 28, f"q{h}", BLUE, 12, mono=True)
             svg.line(x + 52 + i * 84, 335, x + 95, 349, MUTED)
         svg.box(x + 59, 350, 72, 28, f"K{kv} V{kv}", kv_fill[kv], 12, mono=True)
-    svg.caption(["rank r 的 KV 头 = r · H_kv // TP（LinearQKVMerged.shard）：rank 0、1 都存 K0/V0，rank 2、3 都存 K1/V1；",
+    svg.caption(["rank r 的 KV 头 = r · H_kv // TP（LinearQKVMerged.shard）："
+                 "rank 0、1 都存 K0/V0，rank 2、3 都存 K1/V1；",
                  "每个 rank 的 q 头正好属于它存的那个 KV 头的组，所以注意力在本 rank 内算完，不用通信。"])
     return svg
 
