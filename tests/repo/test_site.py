@@ -68,7 +68,7 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
 
 
 @pytest.fixture(scope="module")
-def browser():
+def playwright():
     if not CHROMIUM.exists():
         _unavailable(f"没有 {CHROMIUM}", "sudo apt-get install -y chromium")
     try:
@@ -76,9 +76,14 @@ def browser():
     except ImportError:
         _unavailable("没有装 playwright", "pip install -r requirements.txt")
     with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=LAUNCH_ARGS)
-        yield b
-        b.close()
+        yield p
+
+
+@pytest.fixture(scope="module")
+def browser(playwright):
+    b = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=LAUNCH_ARGS)
+    yield b
+    b.close()
 
 
 @pytest.fixture
@@ -175,51 +180,56 @@ def test_chinese_renders_as_glyphs_not_boxes(page):
                        "sudo apt-get install -y fonts-noto-cjk（或 fonts-wqy-microhei）")
 
 
-def test_tofu_check_fails_without_cjk_font(base_url, tmp_path):
+def test_tofu_check_fails_without_cjk_font(playwright, base_url, tmp_path):
     """上一项检查能失败：只给浏览器一个没有中文的字体目录，同一个检查必须报出每个字。"""
-    if not CHROMIUM.exists():
-        _unavailable(f"没有 {CHROMIUM}", "sudo apt-get install -y chromium")
-    from playwright.sync_api import sync_playwright
-
     latin = Path("/usr/share/fonts/truetype/dejavu")
     if not latin.is_dir():
         _unavailable(f"没有 {latin}", "sudo apt-get install -y fonts-dejavu-core")
     conf = tmp_path / "fonts.conf"
     conf.write_text(f'<?xml version="1.0"?><fontconfig><dir>{latin}</dir><cachedir>{tmp_path}</cachedir></fontconfig>')
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=LAUNCH_ARGS,
-                              env=dict(os.environ, FONTCONFIG_FILE=str(conf)))
-        try:
-            pg = b.new_page()
-            pg.goto(base_url + "/ch4/", wait_until="networkidle")
-            assert _tofu(pg) == list(_CJK_SAMPLE), "没有中文字体时，缺字检查没有报出方框：检查本身坏了"
-        finally:
-            b.close()
+    b = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=LAUNCH_ARGS,
+                                   env=dict(os.environ, FONTCONFIG_FILE=str(conf)))
+    try:
+        pg = b.new_page()
+        pg.goto(base_url + "/ch4/", wait_until="networkidle")
+        assert _tofu(pg) == list(_CJK_SAMPLE), "没有中文字体时，缺字检查没有报出方框：检查本身坏了"
+    finally:
+        b.close()
+
+
+_OUTPUT_PRE = ".md-content .language-text pre, .md-content div.highlight:not([class*='language-']) pre"
+_HIDDEN_VERDICTS_JS = """() => {
+  const out = [];
+  for (const pre of document.querySelectorAll('.md-content pre')) {
+    const box = pre.getBoundingClientRect();
+    const walk = document.createTreeWalker(pre, NodeFilter.SHOW_TEXT);
+    for (let n = walk.nextNode(); n; n = walk.nextNode()) {
+      const i = n.data.indexOf('与 HF 一致');
+      if (i < 0) continue;
+      const r = document.createRange(); r.setStart(n, i); r.setEnd(n, Math.min(n.data.length, i + 14));
+      const rect = r.getBoundingClientRect();
+      if (rect.right > box.right + 1 || rect.left < box.left - 1) out.push(n.data.slice(i, i + 20));
+    }
+  }
+  return out;
+}"""
+
+
+def _wide_outputs(pg) -> list[str]:
+    return pg.locator(_OUTPUT_PRE).evaluate_all(
+        "ps => ps.filter(p => [p, p.querySelector('code') || p].some(e => e.scrollWidth > e.clientWidth + 1))"
+        ".map(p => p.innerText.slice(0, 80))")  # Material 让 code 横向滚动，pre 本身不溢出
 
 
 def test_run_output_wraps_so_verdicts_stay_visible(page):
     page.goto(page.base_url + "/milestone/", wait_until="networkidle")
-    blocks = page.locator(".md-content .language-text pre")
-    assert blocks.count() >= 1, "里程碑页没有运行输出（text 代码块）"
-    wide = blocks.evaluate_all(
-        "ps => ps.filter(p => p.scrollWidth > p.clientWidth + 1).map(p => p.innerText.slice(0, 80))")
-    assert not wide, f"运行输出有行超出了代码框（要横向滚动才看得见）：{wide}"
-    hidden = page.evaluate("""() => {
-      const out = [];
-      for (const pre of document.querySelectorAll('.md-content pre')) {
-        const box = pre.getBoundingClientRect();
-        const walk = document.createTreeWalker(pre, NodeFilter.SHOW_TEXT);
-        for (let n = walk.nextNode(); n; n = walk.nextNode()) {
-          const i = n.data.indexOf('与 HF 一致');
-          if (i < 0) continue;
-          const r = document.createRange(); r.setStart(n, i); r.setEnd(n, Math.min(n.data.length, i + 14));
-          const rect = r.getBoundingClientRect();
-          if (rect.right > box.right + 1 || rect.left < box.left - 1) out.push(n.data.slice(i, i + 20));
-        }
-      }
-      return out;
-    }""")
-    assert not hidden, f"这些结论行在代码框外面，看不见：{hidden}"
+    outputs = page.locator(_OUTPUT_PRE, has_text="与 HF 一致")
+    assert outputs.count() >= 1, "里程碑页没有带'与 HF 一致'的运行输出"
+    assert not _wide_outputs(page), f"运行输出有行超出了代码框（要横向滚动才看得见）：{_wide_outputs(page)}"
+    assert not page.evaluate(_HIDDEN_VERDICTS_JS), "这些结论行在代码框外面，看不见"
+    # 输出以后变短也要守住：往输出末尾接一行远超框宽的结论，它也得折进框里（没有折行的 CSS 时这里失败）
+    outputs.last.locator("code").evaluate("c => c.append('\\n' + '很长的一行输出 '.repeat(40) + ' 与 HF 一致: True')")
+    assert not _wide_outputs(page) and not page.evaluate(_HIDDEN_VERDICTS_JS), "超长的输出行没有折行，结论看不见"
 
 
 def _nav_pages() -> list[str]:
