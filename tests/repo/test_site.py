@@ -242,7 +242,7 @@ def _nav_pages() -> list[str]:
 def test_every_page_images_load(page):
     total = 0
     for url in _nav_pages():
-        page.goto(page.base_url + url, wait_until="load")
+        page.goto(page.base_url + url, wait_until="networkidle")  # 等搜索的 worker 也加载完，换页时不中断它
         imgs = page.locator(".md-content img")
         broken = imgs.evaluate_all("is => is.filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.src)")
         assert not broken, f"{url} 上这些图片没有加载出来：{broken}"
