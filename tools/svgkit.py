@@ -51,13 +51,13 @@ class SVG:
 
     def line(self, x1: float, y1: float, x2: float, y2: float, color: str = MUTED, width: float = 1.5,
              arrow: bool = False, dash: bool = False) -> None:
-        head = f' marker-end="url(#arrow{DARK_IDS.get(color, "")})"' if arrow else ""
+        head = f' marker-end="url(#arrow{DARK_IDS.get(color, DARK_IDS[MUTED])})"' if arrow else ""
         extra = ' stroke-dasharray="5 4"' if dash else ""
         self.items.append(f'<line x1="{x1:g}" y1="{y1:g}" x2="{x2:g}" y2="{y2:g}" stroke="{color}" '
                           f'stroke-width="{width:g}"{extra}{head}/>')
 
     def path(self, d: str, color: str = MUTED, width: float = 1.5, arrow: bool = False) -> None:
-        head = f' marker-end="url(#arrow{DARK_IDS.get(color, "")})"' if arrow else ""
+        head = f' marker-end="url(#arrow{DARK_IDS.get(color, DARK_IDS[MUTED])})"' if arrow else ""
         self.items.append(f'<path d="{d}" fill="none" stroke="{color}" stroke-width="{width:g}"{head}/>')
 
     def caption(self, lines: list[str], y: float | None = None) -> None:

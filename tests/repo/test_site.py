@@ -248,3 +248,15 @@ def test_every_page_images_load(page):
         assert not broken, f"{url} 上这些图片没有加载出来：{broken}"
         total += imgs.count()
     assert total >= 15, f"整本书只找到 {total} 张图"
+
+
+def test_build_makes_the_tiny_models_first(monkeypatch):
+    """刚克隆的仓库没有 models/tiny/：mkdocs 的 on_pre_build 钩子要先生成它们，页面里的 run(...) 才跑得起来。"""
+    sys.path.insert(0, str(ROOT / "tools"))
+    import make_tiny_models
+    import mkdocs_hooks
+
+    calls = []
+    monkeypatch.setattr(make_tiny_models, "make_all", lambda *a, **k: calls.append(a) or {})
+    mkdocs_hooks.on_pre_build(None)
+    assert calls, "mkdocs 钩子没有在构建前生成小模型：刚克隆时 mkdocs build / serve 会找不到 models/tiny/"
