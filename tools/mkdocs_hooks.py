@@ -3,6 +3,8 @@
 - {{ chapter_diff("ch2_ops") }}：新增 / 删除的文件清单，以及每个修改过的文件相对上一个检查点的 unified diff；
 - {{ run("ch6_engine_sampler", "examples/stage1_milestone.py --page-size 4") }}：在那个检查点里运行脚本
   （PYTHONPATH 指向检查点），把它的输出原样放进页面。
+
+这些脚本要用离线生成的小模型（models/tiny/）：构建开始前先确保它们在，刚克隆的仓库直接 mkdocs build / serve 就行。
 """
 
 from __future__ import annotations
@@ -57,6 +59,14 @@ def run(checkpoint: str, command: str) -> str:
     if res.returncode != 0:
         raise RuntimeError(f"run({checkpoint!r}, {command!r}) 失败：\n{res.stderr[-3000:]}")
     return "```text\n" + res.stdout.rstrip() + "\n```"
+
+
+def on_pre_build(config) -> None:
+    """刚克隆时还没有 models/tiny/（测试第一次运行时才生成）：在这里生成；已经有了就直接复用，几乎不花时间。"""
+    sys.path.insert(0, str(ROOT / "tools"))
+    from make_tiny_models import make_all
+
+    make_all()
 
 
 def on_page_markdown(markdown: str, page, config, files) -> str:
