@@ -191,7 +191,7 @@ def test_task2_linear_shapes():
 def test_task2_tp1_shard_is_identity():
     full = torch.randn(8, 16)
     assert torch.equal(LinearRowParallel(16, 8, True).shard(full), full)
-    assert torch.equal(LinearRowParallel(16, 8, True).shard(full[0]), full[0])
+    assert torch.equal(LinearRowParallel(16, 8, True).shard(full[:, 0]), full[:, 0])  # bias
     assert torch.equal(LinearColParallelMerged(16, [8, 8], False).shard(full, 1), full)
     qkv = LinearQKVMerged(16, head_dim=4, num_qo_heads=2, num_kv_heads=2, has_bias=False)
     assert all(torch.equal(qkv.shard(full, p), full) for p in range(3))
