@@ -21,7 +21,7 @@ from minisgl.distributed import reset_tp_info, set_tp_info
 from minisgl.model import Qwen3ForCausalLM, load_model
 from minisgl.naive import NaiveKVCache
 
-PAGED = False  # 本章还没有分页 KV
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")  # 有其中一个，AutoTokenizer 才读得出词表
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -34,12 +34,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--dump-logits", help="把每一步的 logits 存成 safetensors（测试报告不一致时用）")
     args = ap.parse_args(argv)
     args.prompt = args.prompt or ["The capital of France is"]
-    if not PAGED and args.page_size != 1:
+    if args.page_size != 1:
         ap.error(f"--page-size {args.page_size}：这一章还没有分页 KV，只能是 1（分页 KV 从第 4 章开始）")
-    if args.page_size < 1 or args.max_new_tokens < 1:
-        ap.error("--page-size 和 --max-new-tokens 都必须是正整数")
+    if args.max_new_tokens < 1:
+        ap.error(f"--max-new-tokens {args.max_new_tokens}：必须是正整数")
     if not os.path.isfile(os.path.join(args.model, "config.json")):
         ap.error(f"--model {args.model}：找不到 {os.path.join(args.model, 'config.json')}")
+    if not any(os.path.isfile(os.path.join(args.model, f)) for f in TOKENIZER_FILES):
+        ap.error(f"--model {args.model}：找不到分词器文件（{' / '.join(TOKENIZER_FILES)} 一个都没有）")
     return args
 
 
@@ -64,11 +66,24 @@ def step(model: Qwen3ForCausalLM, reqs: list[Req], phase: str) -> tuple[list[int
     return next_tokens.tolist(), logits
 
 
+def make_req(ids: list[int], n: int, uid: int, vocab_size: int, max_position: int) -> Req:
+    """在建 Req 时用主机上的整数查：越界的 id 或位置在前向里是看不懂的 IndexError，负的 id 会悄悄从词表末尾取。"""
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(f"请求 {uid} 的 token id {bad[0]} 在词表之外：vocab_size={vocab_size}")
+    last = len(ids) + n - 2  # 前向用到的最后一个位置：最后生成的那个 token 不再进前向
+    if last >= max_position:  # RoPE 的 cos/sin 表只有 max_position 行
+        raise ValueError(f"请求 {uid}：提示词 {len(ids)} 个 token + 生成 {n} 个要用到位置 {last}，"
+                         f"超出了 max_position_embeddings={max_position}")
+    return Req(input_ids=torch.tensor(ids, dtype=torch.int32), table_idx=uid, cached_len=0, output_len=n, uid=uid,
+               sampling_params=SamplingParams(max_tokens=n), cache_handle=None)
+
+
 def generate(model: Qwen3ForCausalLM, prompt_ids: list[list[int]], n: int
              ) -> tuple[list[list[int]], list[torch.Tensor]]:
     """所有请求一起 prefill，再一起 decode n-1 步。返回每个请求的 n 个 token 和每一步的 logits。"""
-    reqs = [Req(input_ids=torch.tensor(ids, dtype=torch.int32), table_idx=i, cached_len=0, output_len=n, uid=i,
-                sampling_params=SamplingParams(max_tokens=n), cache_handle=None) for i, ids in enumerate(prompt_ids)]
+    vocab_size, max_position = model.cfg["vocab_size"], model.cfg["max_position_embeddings"]
+    reqs = [make_req(ids, n, i, vocab_size, max_position) for i, ids in enumerate(prompt_ids)]
     outs, logits_seen = [[] for _ in reqs], []
     for phase in ["prefill"] + ["decode"] * (n - 1):
         tokens, logits = step(model, reqs, phase)
@@ -81,6 +96,10 @@ def generate(model: Qwen3ForCausalLM, prompt_ids: list[list[int]], n: int
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     tok = AutoTokenizer.from_pretrained(args.model)
+    prompt_ids = [tok(p).input_ids for p in args.prompt]
+    for p, ids in zip(args.prompt, prompt_ids):
+        if not ids:
+            raise SystemExit(f"错误：--prompt {p!r} 分词后一个 token 也没有，没法生成")
     set_tp_info(0, 1)
     ctx = Context(page_size=args.page_size)
     set_global_ctx(ctx)
@@ -89,7 +108,7 @@ def main(argv: list[str] | None = None) -> None:
         ctx.kv_cache = NaiveKVCache(len(model.model.layers.op_list))
         with torch.inference_mode():
             t0 = time.perf_counter()
-            outs, logits = generate(model, [tok(p).input_ids for p in args.prompt], args.max_new_tokens)
+            outs, logits = generate(model, prompt_ids, args.max_new_tokens)
             seconds = time.perf_counter() - t0
     finally:
         reset_global_ctx()

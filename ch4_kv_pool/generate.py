@@ -57,7 +57,6 @@ def load_model(path: str, dtype: torch.dtype = torch.float32) -> tuple[BaseLLMMo
     with torch.device("meta"), torch_dtype(dtype):
         model = create_model(config)
     model.load_state_dict({name: tensor.to(dtype) for name, tensor in load_weight(path, model)})
-    model.process_weights_after_loading()  # 线性层把权重重排成 oneDNN 的布局（第 2 章）
     return model, config
 
 

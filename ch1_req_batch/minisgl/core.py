@@ -142,53 +142,11 @@ class Context:
     def forward_batch(self, batch: Batch) -> Iterator[None]:
         if self._batch is not None:
             raise RuntimeError("ctx.forward_batch 不能嵌套：上一个 batch 的前向还没结束")
-        self.check_batch(batch)
         self._batch = batch
         try:
             yield
         finally:
             self._batch = None
-
-    def check_batch(self, batch: Batch) -> None:
-        """每个 batch 前向前查一次（不是每层）：按请求的 Python 循环加一次 out_loc 的 min/max，
-        比一层前向便宜得多。错的 batch 在这里报错并说出是哪个请求、哪个字段，而不是在某一层里越界或悄悄算错。"""
-        paged = hasattr(self, "page_table")  # 第 4 章起才有 page table 和 KV 池，第 5 章起才有注意力后端
-        needed = ["input_ids", "positions", "padded_reqs"] + ["out_loc"] * paged
-        needed += ["attn_metadata"] * hasattr(self, "attn_backend")
-        missing = [f"batch.{name}" for name in needed if not hasattr(batch, name)]
-        if missing:
-            raise RuntimeError(f"batch 还没准备好就前向了：缺少 {', '.join(missing)}"
-                               f"（attn_metadata 由 attn_backend.prepare_metadata(batch) 设置）")
-        rows, width = self.page_table.shape if paged else (0, 0)
-        num_tokens = 0
-        for r in batch.padded_reqs:
-            if not 0 <= r.cached_len < r.device_len:
-                raise ValueError(f"{r}: 需要 0 <= cached_len < device_len，这次前向才有新 token")
-            if paged and not 0 <= r.table_idx < rows:
-                raise ValueError(f"{r}: table_idx 超出 page table 的 {rows} 行")
-            if paged and r.device_len > width:
-                raise ValueError(f"{r}: 有 {r.device_len} 个位置，超过了最大序列长度（page table 一行 {width} 个）")
-            num_tokens += r.device_len - r.cached_len
-        for name in ("input_ids", "positions") + ("out_loc",) * paged:
-            if len(getattr(batch, name)) != num_tokens:
-                raise ValueError(f"batch.{name} 有 {len(getattr(batch, name))} 个，"
-                                 f"padded_reqs 的 extend_len 之和是 {num_tokens}")
-        if paged and num_tokens:  # 新 token 的槽位必须在 KV 池里；历史的槽位在它们作为新 token 写入时查过
-            pages, page_size = self.kv_cache.k_cache(0).shape[:2]
-            lo, hi = torch.stack(torch.aminmax(batch.out_loc)).tolist()  # 一次归约、一次同步
-            if lo < 0 or hi >= pages * page_size:
-                raise ValueError(f"batch.out_loc 里有 KV 池以外的槽位：范围 [{lo}, {hi}]，"
-                                 f"KV 池只有 {pages * page_size} 个槽位")
-
-
-def check_token_ids(input_ids: torch.Tensor, vocab_size: int) -> None:
-    """每次前向查一次词表范围：越界的 id 在 CPU 上是看不懂的 IndexError，负数会悄悄从词表末尾取，
-    张量并行时更会被当成别的 rank 的词查出 0——都是错的输出。一次 min/max 归约，代价可以忽略。"""
-    if input_ids.numel() == 0:
-        return
-    lo, hi = torch.stack(torch.aminmax(input_ids)).tolist()
-    if lo < 0 or hi >= vocab_size:
-        raise ValueError(f"batch.input_ids 有词表以外的 token id：范围 [{lo}, {hi}]，词表大小 vocab_size={vocab_size}")
 
 
 _GLOBAL_CTX: Context | None = None
@@ -208,6 +166,6 @@ def get_global_ctx() -> Context:
 
 
 def reset_global_ctx() -> None:
-    """官方没有这个函数（一个进程只建一个引擎）；课程的测试要在一个进程里反复建，所以加上。"""
+    """测试要在一个进程里反复建 Context。"""
     global _GLOBAL_CTX
     _GLOBAL_CTX = None

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 
-from minisgl.core import check_token_ids, get_global_ctx
+from minisgl.core import get_global_ctx
 from minisgl.naive import naive_attention
 
 W: dict[str, torch.Tensor] = {}  # 全部权重，一次读完
@@ -34,7 +34,11 @@ def load(path: str) -> None:
     W.clear()
     for f in files:
         with safe_open(f, framework="pt") as sf:
-            W.update({k: sf.get_tensor(k).float() for k in sf.keys()})
+            for k in sf.keys():
+                t = sf.get_tensor(k)
+                if not t.is_floating_point():  # 量化的整数权重转成 float 只会是错的数
+                    raise ValueError(f"{f}: 张量 {k} 的 dtype 是 {t.dtype}，权重必须是浮点数（量化的检查点不支持）")
+                W[k] = t.float()
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -67,7 +71,6 @@ def forward() -> torch.Tensor:
     """读 ctx.batch.input_ids / positions（各请求的新 token 首尾相接，共 N 个）；
     返回每个请求最后一个 token 的 logits: (bs, vocab)。"""
     batch = get_global_ctx().batch
-    check_token_ids(batch.input_ids, cfg["vocab_size"])
     x = W["model.embed_tokens.weight"][batch.input_ids]
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."

@@ -76,6 +76,7 @@ class Qwen3Model(BaseOP):
 
 class Qwen3ForCausalLM(BaseOP):
     def __init__(self, cfg: dict) -> None:
+        self.cfg = cfg  # generate.py 建 Req 时要 vocab_size 和 max_position_embeddings
         self.model = Qwen3Model(cfg)
         tie = cfg.get("tie_word_embeddings", False)
         self.lm_head = ParallelLMHead(cfg["vocab_size"], cfg["hidden_size"], tie_word_embeddings=tie,
@@ -119,15 +120,21 @@ def load_model(path: str) -> Qwen3ForCausalLM:
     full: dict[str, torch.Tensor] = {}
     for f in files:  # 朴素：全部一次读进内存
         with safe_open(f, framework="pt") as sf:
-            full.update({k: sf.get_tensor(k).float() for k in sf.keys()})
+            for k in sf.keys():
+                t = sf.get_tensor(k)
+                if not t.is_floating_point():  # 量化的整数权重转成 float 只会是错的数
+                    raise ValueError(f"{f}: 张量 {k} 的 dtype 是 {t.dtype}，权重必须是浮点数（量化的检查点不支持）")
+                full[k] = t.float()
     parts: dict[str, dict[int, torch.Tensor]] = defaultdict(dict)
-    for name, tensor in full.items():
-        idx = 0
+    for key, tensor in full.items():
+        name, idx = key, 0
         for old, (new, i, _) in _MERGED.items():
             if old in name:
                 name, idx = name.replace(old, new), i
                 break
-        parts[name][idx] = find_op(model, name.rsplit(".", 1)[0]).shard(tensor, idx)
+        try:
+            parts[name][idx] = find_op(model, name.rsplit(".", 1)[0]).shard(tensor, idx)
+        except ValueError as e:  # shard 只知道形状，名字在这里补上
+            raise ValueError(f"{path}: 张量 {key}：{e}") from None
     model.load_state_dict({name: torch.cat([p[i] for i in sorted(p)]) for name, p in parts.items()})
-    model.process_weights_after_loading()  # 线性层把权重重排成 oneDNN 的布局（见 layers/linear.py）
     return model

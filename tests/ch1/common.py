@@ -1,14 +1,38 @@
 """第 1 章测试共用的小工具。按完整的点分名字导入：from tests.ch1.common import ...（理由见 tests/ch3/common.py）。"""
 
+import importlib.util
+import shutil
+
+import pytest
 import torch
 
 from minisgl.core import Batch
 
 
 def ready_batch(reqs, phase="prefill"):
-    """字段都填好的 batch：ctx.forward_batch 会先检查它。"""
+    """字段都填好的 batch，和 generate.py 的 step 建的一样。"""
     b = Batch(reqs=reqs, phase=phase)
     b.padded_reqs = reqs
     b.input_ids = torch.cat([r.input_ids[r.cached_len:r.device_len] for r in reqs])
     b.positions = torch.cat([torch.arange(r.cached_len, r.device_len, dtype=torch.int32) for r in reqs])
     return b
+
+
+def only_generate_of_ch1_ch2(checkpoint):
+    if checkpoint.chapter > 2:
+        pytest.skip("这些检查目前只在第 1、2 章的 generate.py 里")
+
+
+def load_generate(checkpoint):
+    spec = importlib.util.spec_from_file_location("generate_under_test", checkpoint.entry_path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def copy_model(src, dst, files=None):
+    dst.mkdir()
+    for f in src.iterdir():
+        if files is None or f.name in files:
+            shutil.copy(f, dst / f.name)
+    return dst

@@ -191,7 +191,7 @@ def test_task2_linear_shapes():
 def test_task2_tp1_shard_is_identity():
     full = torch.randn(8, 16)
     assert torch.equal(LinearRowParallel(16, 8, True).shard(full), full)
-    assert torch.equal(LinearRowParallel(16, 8, True).shard(full[0]), full[0])
+    assert torch.equal(LinearRowParallel(16, 8, True).shard(full[:, 0]), full[:, 0])  # bias
     assert torch.equal(LinearColParallelMerged(16, [8, 8], False).shard(full, 1), full)
     qkv = LinearQKVMerged(16, head_dim=4, num_qo_heads=2, num_kv_heads=2, has_bias=False)
     assert all(torch.equal(qkv.shard(full, p), full) for p in range(3))
@@ -391,78 +391,3 @@ def test_task2_get_rope_shares_table_and_rejects_unknown_type():
         RotaryEmbedding(16, 16, 64, 10000.0, {"rope_type": "no_such_rope", "factor": 2.0})
     with pytest.raises(ValueError, match="no_such_rope"):
         get_rope(RotaryConfig(16, 16, 64, 10000.0, {"rope_type": "no_such_rope", "factor": 2.0}))
-
-
-def test_task2_linear_kernel_matches_f_linear(monkeypatch):
-    """linear() 在 CPU fp32 上走 oneDNN：和 F.linear 只差累加顺序；关掉快路径时逐位相同。"""
-    import platform
-
-    import torch.nn.functional as F
-
-    from minisgl.layers import linear as linear_mod
-
-    if platform.machine().lower() in ("x86_64", "amd64"):
-        assert linear_mod._ONEDNN, "x86-64 的 CPU 版 torch 应该带 oneDNN 的 linear：快路径没启用"
-    g = torch.Generator().manual_seed(7)
-    x, w, b = (torch.randn(*s, generator=g) for s in [(4, 96), (160, 96), (160,)])
-    for args in [(x, w, b), (x, w, None), (x[:1], w, b), (x.T.contiguous().T, w, b)]:
-        torch.testing.assert_close(linear_mod.linear(*args), F.linear(*args), rtol=1e-5, atol=1e-5)
-    xb, wb = x.bfloat16(), w.bfloat16()
-    assert torch.equal(linear_mod.linear(xb, wb), F.linear(xb, wb))  # 不是 fp32：退回 F.linear
-    monkeypatch.setattr(linear_mod, "_ONEDNN", False)
-    assert torch.equal(linear_mod.linear(x, w, b), F.linear(x, w, b))
-
-
-class PackedModel(BaseOP):
-    """几种线性层 + 不绑定和绑定的 LM head：process_weights_after_loading 之后算出来的和之前一样。"""
-
-    def __init__(self):
-        self.layers = OPList([LinearReplicated(96, 160, has_bias=True), LinearQKVMerged(96, 8, 4, 2, has_bias=False)])
-        self.lm_head = ParallelLMHead(11, 96)
-        self.embed = VocabParallelEmbedding(11, 96)
-        self.tied_head = ParallelLMHead(11, 96, tie_word_embeddings=True, tied_embedding=self.embed)
-
-
-def _packed_model_outputs(m, ctx, x):
-    reqs = [make_req(5, cached_len=4, uid=i) for i in range(x.shape[0])]
-    with ctx.forward_batch(make_batch(reqs, "decode")):
-        return [op.forward(x) for op in m.layers.op_list] + [m.lm_head.forward(x), m.tied_head.forward(x)]
-
-
-@pytest.mark.parametrize("onednn", [True, False], ids=["oneDNN", "fallback"])
-def test_task2_prepacked_weights_give_the_same_outputs(ctx, monkeypatch, onednn):
-    """加载后重排权重（prepack）：有 oneDNN 时线性层和不绑定的 LM head 换成 oneDNN 布局，结果和 F.linear 只差累加顺序；
-    绑定的词表不动（查表要普通布局）。没有 oneDNN（退路）时什么都不换，结果和 F.linear 逐位相同。"""
-    from minisgl.layers import linear as linear_mod
-
-    if not onednn:
-        monkeypatch.setattr(linear_mod, "_ONEDNN", False)
-    elif not linear_mod._ONEDNN:
-        pytest.skip("这个 torch 没有 oneDNN 的 linear / 权重重排算子：只能测退路")
-    m = PackedModel()
-    m.load_state_dict(rand_like_params(m))
-    plain = dict(m.state_dict())
-    # 少于、等于、多于重排时设想的 4 行
-    xs = [torch.randn(rows, 96, generator=torch.Generator().manual_seed(rows)) for rows in (1, 4, 7)]
-    m.process_weights_after_loading()
-    m.process_weights_after_loading()  # 再调一次也无妨：已经重排过的不再动
-    packed = [m.layers.op_list[0].weight, m.layers.op_list[1].weight, m.lm_head.weight]
-    assert all(w.is_mkldnn is onednn for w in packed)
-    assert m.embed.weight is plain["embed.weight"]  # 绑定的词表原样保留
-    for x in xs:
-        expected = [F.linear(x, plain[f"layers.{i}.weight"], plain.get(f"layers.{i}.bias")) for i in range(2)]
-        expected += [F.linear(x, plain["lm_head.weight"]), F.linear(x, plain["embed.weight"])]
-        for got, want in zip(_packed_model_outputs(m, ctx, x), expected):
-            assert got.shape == want.shape
-            if onednn:
-                torch.testing.assert_close(got, want, **TIGHT)
-            else:
-                assert torch.equal(got, want)
-
-
-def test_task2_prepack_leaves_other_weights_alone():
-    """只重排 CPU 上的 fp32 二维权重：bf16、meta 上的、一维的原样返回（同一个对象）。"""
-    from minisgl.layers.linear import prepack_weight
-
-    for w in [torch.randn(8, 4).bfloat16(), torch.empty(8, 4, device="meta"), torch.randn(8)]:
-        assert prepack_weight(w) is w

@@ -20,7 +20,7 @@ class DistributedImpl:
 
 
 class TorchDistributedImpl(DistributedImpl):
-    """用 torch.distributed（CPU 上是 gloo）。官方在 GPU 上还有一个 PyNCCL 插件。"""
+    """用 torch.distributed（CPU 上是 gloo）。"""
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         if dist.get_world_size() > 1:

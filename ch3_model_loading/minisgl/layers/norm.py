@@ -1,7 +1,7 @@
 """RMSNorm：x / sqrt(mean(x²) + eps) * weight。weight: (size,)；x: (..., size)，形状不变。
 
-计算顺序和 HF 一致：先在 fp32 里归一化，转回输入的 dtype，再乘 weight。GPU 版官方用 flashinfer 的核，
-融合形式还是原地的；这里语义相同但不原地，读起来更直白。
+计算顺序和 HF 一致：先在 fp32 里归一化，转回输入的 dtype，再乘 weight。融合形式（加残差再归一化）
+在这里不原地改输入，读起来更直白。
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from .base import StateLessOP
 
 @dataclass(frozen=True)
 class RotaryConfig:
-    """官方放在 models/config.py；这里第 2 章就要用，所以定义在算子旁边，第 3 章的 ModelConfig 直接引用它。"""
+    """第 2 章就要用，所以定义在算子旁边；第 3 章的 ModelConfig 直接引用它。"""
 
     head_dim: int
     rotary_dim: int

@@ -17,6 +17,19 @@ def _join(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
 
 
+def _check_leftovers(state_dict: _STATE_DICT, internal: bool) -> None:
+    """最外层的 load_state_dict 结束时还剩键：多出来的权重说明模型和检查点对不上。"""
+    if not internal and state_dict:
+        raise RuntimeError(f"state_dict 里有模型用不到的键：{sorted(state_dict)}")
+
+
+def _check_full_shape(full: torch.Tensor, *expected: int) -> torch.Tensor:
+    """切之前先核对完整形状：config 比权重小时，切片会悄悄截掉多出来的行或列，跑得通但 token 是错的。"""
+    if tuple(full.shape) != expected:
+        raise ValueError(f"检查点里的形状是 {tuple(full.shape)}，按 config 应当是 {expected}")
+    return full
+
+
 class BaseOP:
     """遍历 self.__dict__（按属性定义的顺序）：张量是参数，BaseOP 是子算子，
     名字以 _ 开头的和其他东西（数字、函数、None）都不算。"""
@@ -40,16 +53,8 @@ class BaseOP:
                 value.state_dict(prefix=_join(prefix, name), result=result)
         return result
 
-    def process_weights_after_loading(self) -> None:
-        """加载完、第一次前向之前调用一次：算子可以把自己的权重换成更快的布局（见 linear.py）。
-        默认什么也不换，只往子算子传。之后 state_dict() 里可能是换过布局的张量，所以它放在加载之后单独调。"""
-        for name, value in self.__dict__.items():
-            if not name.startswith("_") and isinstance(value, BaseOP):
-                value.process_weights_after_loading()
-
     def load_state_dict(self, state_dict: _STATE_DICT, *, prefix: str = "", _internal: bool = False) -> None:
-        """从 state_dict 里取走（pop）自己的键，核对形状和 dtype，再把张量直接设成参数（不拷贝）。
-        最外层调用结束时 state_dict 里还有剩余的键就报错：多出来的权重说明模型和检查点对不上。"""
+        """从 state_dict 里取走（pop）自己的键，核对形状和 dtype，再把张量直接设成参数（不拷贝）。"""
         for name, param in self.__dict__.items():
             if name.startswith("_"):
                 continue
@@ -64,8 +69,7 @@ class BaseOP:
                 setattr(self, name, item)
             elif isinstance(param, BaseOP):
                 param.load_state_dict(state_dict, prefix=key, _internal=True)
-        if not _internal and state_dict:
-            raise RuntimeError(f"state_dict 里有模型用不到的键：{sorted(state_dict)}")
+        _check_leftovers(state_dict, _internal)
 
 
 class StateLessOP(BaseOP):
@@ -75,11 +79,7 @@ class StateLessOP(BaseOP):
         return {} if result is None else result
 
     def load_state_dict(self, state_dict: _STATE_DICT, *, prefix: str = "", _internal: bool = False) -> None:
-        if not _internal and state_dict:
-            raise RuntimeError(f"state_dict 里有模型用不到的键：{sorted(state_dict)}")
-
-    def process_weights_after_loading(self) -> None:
-        pass  # 借来的子算子（比如 q_norm）归外层管，这里不重复处理
+        _check_leftovers(state_dict, _internal)
 
 
 T = TypeVar("T", bound=BaseOP)
@@ -100,9 +100,4 @@ class OPList(BaseOP, Generic[T]):
     def load_state_dict(self, state_dict: _STATE_DICT, *, prefix: str = "", _internal: bool = False) -> None:
         for i, op in enumerate(self.op_list):
             op.load_state_dict(state_dict, prefix=_join(prefix, str(i)), _internal=True)
-        if not _internal and state_dict:
-            raise RuntimeError(f"state_dict 里有模型用不到的键：{sorted(state_dict)}")
-
-    def process_weights_after_loading(self) -> None:
-        for op in self.op_list:
-            op.process_weights_after_loading()
+        _check_leftovers(state_dict, _internal)

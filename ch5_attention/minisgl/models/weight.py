@@ -107,7 +107,10 @@ def load_weight(model_path: str, model: BaseOP, device: torch.device | str = "cp
                 if full.dtype not in _FLOAT_DTYPES:  # 引擎会 .to(dtype)：整数或 fp8 会被悄悄转成错的权重
                     raise ValueError(f"{os.path.basename(file)} 里的 {key} 是 {full.dtype}，"
                                      f"权重只能是 float32/bfloat16/float16（量化的检查点阶段一不支持）")
-                local = op.shard(full, part)
+                try:
+                    local = op.shard(full, part)
+                except ValueError as e:  # shard 只知道形状，名字在这里补上
+                    raise ValueError(f"{os.path.basename(file)} 里的 {key}（引擎里的 {name}）：{e}") from None
                 if total == 1:  # safetensors 给的是指向映射文件的视图：复制一份，引擎的权重才是自己的、对齐的内存
                     yield name, local.clone()
                     continue

@@ -39,6 +39,6 @@ def try_get_tp_info() -> DistributedInfo | None:
 
 
 def reset_tp_info() -> None:
-    """官方没有（一个进程一个 rank）；测试要在一个进程里轮流扮演每个 rank，所以加上。"""
+    """测试要在一个进程里轮流扮演每个 rank。"""
     global _TP_INFO
     _TP_INFO = None

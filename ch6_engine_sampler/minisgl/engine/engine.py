@@ -75,7 +75,6 @@ class Engine:
         with torch.device("meta"), torch_dtype(config.dtype):
             self.model = create_model(model_config)
         self.model.load_state_dict(self._load_weight_state_dict(config))
-        self.model.process_weights_after_loading()  # 线性层把权重重排成 oneDNN 的布局（第 2 章）
 
         self.num_pages = self._determine_num_pages(config)
         self.ctx.kv_cache = self.kv_cache = create_kvcache_pool(

@@ -11,18 +11,17 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from minisgl.core import check_token_ids, get_global_ctx
+from minisgl.core import get_global_ctx
 from minisgl.distributed import DistributedCommunicator, get_tp_info
 from minisgl.utils import div_ceil
 
-from .base import _STATE_DICT, BaseOP
-from .linear import linear, prepack_weight
+from .base import _STATE_DICT, BaseOP, _check_full_shape, _check_leftovers
 
 
 class VocabParallelEmbedding(BaseOP):
     def __init__(self, num_embeddings: int, embedding_dim: int) -> None:
         tp = get_tp_info()
-        self._rank, self._tp = tp.rank, tp.size
+        self.tp_size = tp.size
         self.num_embeddings = num_embeddings
         self.num_embeddings_tp = div_ceil(num_embeddings, tp.size)
         start = self.num_embeddings_tp * tp.rank
@@ -32,7 +31,9 @@ class VocabParallelEmbedding(BaseOP):
         self._comm = DistributedCommunicator()
 
     def shard(self, full: torch.Tensor, part: int = 0) -> torch.Tensor:
-        """按行切词表；词表不能整除时最后一份用 0 补齐到 V_tp 行（官方在这里会形状不符）。"""
+        """按行切词表；词表不能整除时最后一份用 0 补齐到 V_tp 行。"""
+        expected = (self.num_embeddings, self.weight.shape[1]) if full.dim() == 2 else (self.num_embeddings,)
+        _check_full_shape(full, *expected)
         start, length = self.vocab_range
         local = full[start:start + length]
         if length < self.num_embeddings_tp:
@@ -41,8 +42,7 @@ class VocabParallelEmbedding(BaseOP):
         return local
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        check_token_ids(x, self.num_embeddings)  # 每次前向一次：越界的 id 在下面会查出 0 或者看不懂的 IndexError
-        if self._tp == 1:
+        if self.tp_size == 1:
             return F.embedding(x, self.weight)
         start, length = self.vocab_range
         mine = (x >= start) & (x < start + length)
@@ -57,33 +57,28 @@ class ParallelLMHead(VocabParallelEmbedding):
             raise ValueError("ParallelLMHead: tie_word_embeddings=True 时必须给 tied_embedding，反之不能给")
         super().__init__(num_embeddings, embedding_dim)
         self.bias = torch.empty(self.num_embeddings_tp) if bias else None
-        self._tied = tied_embedding  # 下划线开头：不进 state_dict，绑定时权重归词嵌入所有
+        self.tied_embedding = tied_embedding  # 绑定时权重归词嵌入所有：下面两个方法不把它算进自己的 state_dict
 
     def state_dict(self, *, prefix: str = "", result: _STATE_DICT | None = None) -> _STATE_DICT:
-        if self._tied is None:
+        if self.tied_embedding is None:
             return super().state_dict(prefix=prefix, result=result)
         return {} if result is None else result
 
     def load_state_dict(self, state_dict: _STATE_DICT, *, prefix: str = "", _internal: bool = False) -> None:
-        if self._tied is None:
+        if self.tied_embedding is None:
             return super().load_state_dict(state_dict, prefix=prefix, _internal=_internal)
         for name in ("weight", "bias"):  # 有的绑定检查点也存了一份 lm_head.weight：和 HF 一样忽略它
             state_dict.pop(f"{prefix}.{name}" if prefix else name, None)
-        if not _internal and state_dict:
-            raise RuntimeError(f"state_dict 里有模型用不到的键：{sorted(state_dict)}")
-
-    def process_weights_after_loading(self) -> None:
-        if self._tied is None:  # 绑定时权重归词嵌入：查表要普通布局，不能重排（再存一份重排的要多占整张词表）
-            self.weight = prepack_weight(self.weight)
+        _check_leftovers(state_dict, _internal)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch = get_global_ctx().batch
         if batch.is_prefill:  # 只留每个请求的最后一个 token：(N, D) -> (bs, D)，行号由注意力元数据给出
             x = x[batch.attn_metadata.get_last_indices(batch.size).long()]
-        weight = self.weight if self._tied is None else self._tied.weight
-        logits = linear(x, weight, self.bias)
-        if self._tp == 1:
+        weight = self.weight if self.tied_embedding is None else self.tied_embedding.weight
+        logits = F.linear(x, weight, self.bias)
+        if self.tp_size == 1:
             return logits
         bs = logits.shape[0]
         gathered = self._comm.all_gather(logits)  # (tp * bs, V_tp)，按 rank 排
-        return gathered.view(self._tp, bs, -1).permute(1, 0, 2).reshape(bs, -1)[:, :self.num_embeddings]
+        return gathered.view(self.tp_size, bs, -1).permute(1, 0, 2).reshape(bs, -1)[:, :self.num_embeddings]
