@@ -37,7 +37,8 @@ ALLOWED_PYTHON = {
 
 
 def _pages() -> list[Path]:
-    """书的页面；docs/snippets/（被 include 的片段）和 docs/fidelity-notes/（对照页的素材）不算页面（mkdocs.yml 的 exclude_docs）。"""
+    """书的页面。docs/snippets/（被 include 的片段）和 docs/fidelity-notes/（对照页的素材）不算页面，
+    见 mkdocs.yml 的 exclude_docs。"""
     return sorted(p for p in DOCS.rglob("*.md") if p.relative_to(DOCS).parts[0] not in ("snippets", "fidelity-notes"))
 
 

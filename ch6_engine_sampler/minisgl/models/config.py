@@ -33,7 +33,7 @@ def load_hf_config(model_path: str) -> PretrainedConfig:
         raise NotADirectoryError(f"模型路径 {model_path!r} 不是目录：要给 Hugging Face 格式的模型目录")
     file = os.path.join(model_path, "config.json")
     if not os.path.isfile(file):  # 别让 AutoConfig 把它当成 hub 上的名字去联网
-        raise FileNotFoundError(f"模型目录 {model_path!r} 里没有 config.json")
+        raise FileNotFoundError(f"模型目录 {model_path!r} 里没有 config.json（或者它不是普通文件）")
     try:
         with open(file) as f:
             raw = json.load(f)
