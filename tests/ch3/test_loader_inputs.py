@@ -80,6 +80,18 @@ def test_indexed_dir_ignores_unlisted_safetensors(tiny_models, tmp_path):
     assert same_as_original(tiny_models, "qwen3-untied", path)
 
 
+def test_model_safetensors_wins_over_the_index(tiny_models, tmp_path):
+    """两样都有时 HF 读 model.safetensors、不看索引：把分片里的 norm 改成 0，结果也不受影响。"""
+    path = copy_model(tiny_models, "qwen3-untied", tmp_path)
+    weight_map = json.loads((path / "model.safetensors.index.json").read_text())["weight_map"]
+    full = {}
+    for shard in sorted(set(weight_map.values())):
+        full.update(load_safetensors_bytes((path / shard).read_bytes()))
+    save_file(full, str(path / "model.safetensors"))
+    add_to_file(path / weight_map["model.norm.weight"], {"model.norm.weight": torch.zeros(64)})
+    assert same_as_original(tiny_models, "qwen3-untied", path)
+
+
 def test_duplicate_key_across_shards_is_refused(tiny_models, tmp_path):
     """两个分片都有 model.norm.weight：哪份算数说不清，拒绝，说出键和两个文件。"""
     path = copy_model(tiny_models, "qwen3-untied", tmp_path)
