@@ -35,8 +35,11 @@ def _is_regular_file(path: str) -> bool:
 
 
 def safetensors_files(model_path: str) -> list[str]:
-    """和 HF 一样：有 model.safetensors.index.json 就只读它列出的分片，否则只读 model.safetensors。
+    """和 HF 一样：有 model.safetensors 就只读它，否则只读 model.safetensors.index.json 列出的分片。
     目录里别的 *.safetensors 一概不读：多出来的文件里的同名张量会悄悄盖掉真的。"""
+    single = os.path.join(model_path, "model.safetensors")
+    if _is_regular_file(single):
+        return [single]
     index = os.path.join(model_path, "model.safetensors.index.json")
     if _is_regular_file(index):
         try:
@@ -48,9 +51,6 @@ def safetensors_files(model_path: str) -> list[str]:
         if missing:
             raise FileNotFoundError(f"{index} 列出的分片不存在：{missing}")
         return [os.path.join(model_path, n) for n in names]
-    single = os.path.join(model_path, "model.safetensors")
-    if _is_regular_file(single):
-        return [single]
     others = sorted(os.path.basename(p) for p in glob.glob(os.path.join(model_path, "*.safetensors")))
     pickles = sorted(os.path.basename(p) for p in glob.glob(os.path.join(model_path, "*"))
                      if p.endswith((".bin", ".pt", ".pth")))
