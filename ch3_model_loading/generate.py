@@ -10,19 +10,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 
 import torch
 from safetensors.torch import save_file
-from transformers import AutoTokenizer
 
 from minisgl.core import Batch, Context, Req, SamplingParams, get_global_ctx, reset_global_ctx, set_global_ctx
 from minisgl.distributed import reset_tp_info, set_tp_info
 from minisgl.models import BaseLLMModel, ModelConfig, create_model, load_hf_config, load_weight
 from minisgl.naive import NaiveKVCache
-from minisgl.utils import torch_dtype
-
-PAGED = False  # 本章还没有分页 KV
+from minisgl.utils import load_tokenizer, torch_dtype
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -35,7 +33,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--dump-logits", help="把每一步的 logits 存成 safetensors（测试报告不一致时用）")
     args = ap.parse_args(argv)
     args.prompt = args.prompt or ["The capital of France is"]
-    if not PAGED and args.page_size != 1:
+    if args.page_size != 1:
         ap.error(f"--page-size {args.page_size}：这一章还没有分页 KV，只能是 1（分页 KV 从第 4 章开始）")
     if args.page_size < 1 or args.max_new_tokens < 1:
         ap.error("--page-size 和 --max-new-tokens 都必须是正整数")
@@ -90,7 +88,14 @@ def generate(model: BaseLLMModel, prompt_ids: list[list[int]], n: int
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    tok = AutoTokenizer.from_pretrained(args.model)
+    try:
+        tok = load_tokenizer(args.model)
+    except FileNotFoundError as e:
+        sys.exit(f"错误：{e}")
+    prompt_ids = [tok(p).input_ids for p in args.prompt]
+    empty = [p for p, ids in zip(args.prompt, prompt_ids) if not ids]
+    if empty:  # prefill 至少要一个 token；空 prompt 只有带 BOS 的分词器才编码得出东西
+        sys.exit(f"错误：--prompt {empty[0]!r} 编码后一个 token 也没有：给一个非空的 prompt")
     set_tp_info(0, 1)
     ctx = Context(page_size=args.page_size)
     set_global_ctx(ctx)
@@ -99,7 +104,7 @@ def main(argv: list[str] | None = None) -> None:
         ctx.kv_cache = NaiveKVCache(config.num_layers)
         with torch.inference_mode():
             t0 = time.perf_counter()
-            outs, logits = generate(model, [tok(p).input_ids for p in args.prompt], args.max_new_tokens)
+            outs, logits = generate(model, prompt_ids, args.max_new_tokens)
             seconds = time.perf_counter() - t0
     finally:
         reset_global_ctx()

@@ -17,13 +17,12 @@ from dataclasses import dataclass
 
 import torch
 from safetensors.torch import save_file
-from transformers import AutoTokenizer
 
 from minisgl.core import Batch, Context, Req, SamplingParams, get_global_ctx, reset_global_ctx, set_global_ctx
 from minisgl.distributed import reset_tp_info, set_tp_info
 from minisgl.kvcache import create_kvcache_pool
 from minisgl.models import BaseLLMModel, ModelConfig, create_model, load_hf_config, load_weight
-from minisgl.utils import div_ceil, torch_dtype
+from minisgl.utils import div_ceil, load_tokenizer, torch_dtype
 
 PAGED = True  # 从本章起有分页 KV
 
@@ -128,7 +127,13 @@ def generate(model: BaseLLMModel, prompt_ids: list[list[int]], n: int, slots: Sl
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    tok = AutoTokenizer.from_pretrained(args.model)
+    try:
+        tok = load_tokenizer(args.model)
+    except FileNotFoundError as e:
+        sys.exit(f"错误：{e}")
+    empty = [p for p in args.prompt if not tok(p).input_ids]
+    if empty:  # prefill 至少要一个 token；空 prompt 只有带 BOS 的分词器才编码得出东西
+        sys.exit(f"错误：--prompt {empty[0]!r} 编码后一个 token 也没有：给一个非空的 prompt")
     set_tp_info(0, 1)
     ctx = Context(page_size=args.page_size)
     set_global_ctx(ctx)

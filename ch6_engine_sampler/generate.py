@@ -22,12 +22,11 @@ from dataclasses import dataclass
 import torch
 import torch.multiprocessing as mp
 from safetensors.torch import save_file
-from transformers import AutoTokenizer
 
 from minisgl.core import Batch, Req, SamplingParams
 from minisgl.distributed import DistributedInfo
 from minisgl.engine import Engine, EngineConfig
-from minisgl.utils import div_ceil
+from minisgl.utils import div_ceil, load_tokenizer
 
 PAGED = True  # 从本章起有分页 KV
 
@@ -196,7 +195,13 @@ def free_addr() -> str:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    tok = AutoTokenizer.from_pretrained(args.model)
+    try:
+        tok = load_tokenizer(args.model)
+    except FileNotFoundError as e:
+        sys.exit(f"错误：{e}")
+    empty = [p for p in args.prompt if not tok(p).input_ids]
+    if empty:  # prefill 至少要一个 token；空 prompt 只有带 BOS 的分词器才编码得出东西
+        sys.exit(f"错误：--prompt {empty[0]!r} 编码后一个 token 也没有：给一个非空的 prompt")
     prompt_ids, n, ps = [tok(p).input_ids for p in args.prompt], args.max_new_tokens, args.page_size
     # 每个请求最多写 len + n - 1 个位置的 KV（最后采出的那个 token 不再前向），按页向上取整
     if args.num_pages is None:

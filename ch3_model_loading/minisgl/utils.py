@@ -1,11 +1,18 @@
-"""几个小工具：张量并行的切分要求整除（不整除时给出清楚的错误），以及按引擎 dtype 构造模型。"""
+"""几个小工具：张量并行的切分要求整除（不整除时给出清楚的错误），按引擎 dtype 构造模型，读分词器。"""
 
 from __future__ import annotations
 
+import os
 from contextlib import contextmanager
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+# 至少要有其中一个，分词器才有词表
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")
 
 
 def div_even(a: int, b: int, allow_replicate: bool = False) -> int:
@@ -32,3 +39,12 @@ def torch_dtype(dtype: torch.dtype) -> Iterator[None]:
         yield
     finally:
         torch.set_default_dtype(old)
+
+
+def load_tokenizer(model_path: str) -> PreTrainedTokenizerBase:
+    """缺词表文件时 AutoTokenizer 不报错，而是给一个空词表的分词器：每个 prompt 都编码成 []。"""
+    if not any(os.path.isfile(os.path.join(model_path, f)) for f in TOKENIZER_FILES):
+        raise FileNotFoundError(f"{model_path} 里没有分词器文件：{' / '.join(TOKENIZER_FILES)} 至少要有一个")
+    from transformers import AutoTokenizer  # 只有入口用得到：算子 import 本模块时不必带上 transformers
+
+    return AutoTokenizer.from_pretrained(model_path)

@@ -280,3 +280,27 @@ def test_tp_shards_recombine_to_full_tensors(c):
             assert rebuilt.keys() == hf.keys(), f"tp={tp}"
             for key, full in hf.items():
                 assert torch.equal(rebuilt[key], full), f"tp={tp} {key}（{c}）"
+
+
+@st.composite
+def shrunk_configs(draw):
+    """一个检查点，和一份把某个字段改小了的 config.json（改小后模型在 TP=1、2、4 下都还建得出来）。"""
+    c = draw(checkpoints())
+    options = {"vocab": list(range(4, c["vocab"])), "inter": list(range(4, c["inter"], 4)),
+               "hq": [h for h in (4,) if h < c["hq"] and h % c["hkv"] == 0],
+               "hkv": [h for h in (1, 2) if h < c["hkv"]]}
+    field = draw(st.sampled_from(sorted(k for k, v in options.items() if v)))
+    return c, {**c, field: draw(st.sampled_from(options[field]))}
+
+
+@settings(max_examples=15, deadline=None, derandomize=True, database=None)
+@given(pair=shrunk_configs())
+def test_config_smaller_than_checkpoint_is_refused__needs_layer_shard_checks(pair):
+    """HF 在这里报 size mismatch；只切不查会悄悄截掉多出来的行或列。每个 TP 下都拒绝，说出是哪个文件。"""
+    real, claimed = pair
+    with tempfile.TemporaryDirectory() as dirname:
+        write_checkpoint(model_config(real), dirname, real["seed"])
+        for tp in (1, 2, 4):
+            with pytest.raises(ValueError) as e:
+                stream(dirname, build_meta(model_config(claimed), rank=0, size=tp), 0, tp)
+            assert "model.safetensors" in str(e.value), (tp, str(e.value))

@@ -94,8 +94,7 @@ def test_task4_tied_checkpoint_with_extra_lm_head_is_ignored(tiny_models, tmp_pa
     """有的绑定检查点也存了一份 lm_head.weight：和 HF 一样不理它，词嵌入不受影响。"""
     path = copy_model(tiny_models, "qwen3-tied", tmp_path)
     hf = hf_tensors(path)
-    save_file({"lm_head.weight": torch.full_like(hf["model.embed_tokens.weight"], 7.0)},
-              str(path / "extra.safetensors"))
+    rewrite_single_file(path, add={"lm_head.weight": torch.full_like(hf["model.embed_tokens.weight"], 7.0)})
     model, _ = load(path)
     assert model.lm_head.state_dict() == {}
     assert torch.equal(model.model.embed_tokens.weight, hf["model.embed_tokens.weight"])
@@ -187,9 +186,9 @@ def test_task5_tp2_qwen3_untied_single_kv_head(tiny_models):
     ("vision_tower.proj.weight", "vision_tower"),  # 多模态检查点的另一半
 ])
 def test_task6_unknown_checkpoint_key(tiny_models, tmp_path, key, named):
-    """检查点里有模型对不上的键：KeyError，说出是哪个。用单文件模型：有索引的目录只读索引列出的文件。"""
+    """检查点里有模型对不上的键：KeyError，说出是哪个。"""
     path = copy_model(tiny_models, "qwen3-tied", tmp_path)
-    save_file({key: torch.zeros(64, 64)}, str(path / "extra.safetensors"))
+    rewrite_single_file(path, add={key: torch.zeros(64, 64)})
     model = build_meta(config_of(path))
     with pytest.raises(KeyError, match=named):
         stream(path, model)
@@ -198,7 +197,7 @@ def test_task6_unknown_checkpoint_key(tiny_models, tmp_path, key, named):
 def test_task6_unused_parameter_of_known_op(tiny_models, tmp_path):
     """算子找得到、参数却多出来（比如量化的 scale）：整个加载报错并说出这个键，不悄悄丢掉。"""
     path = copy_model(tiny_models, "qwen3-tied", tmp_path)
-    save_file({"model.layers.0.mlp.down_proj.scale": torch.ones(64)}, str(path / "extra.safetensors"))
+    rewrite_single_file(path, add={"model.layers.0.mlp.down_proj.scale": torch.ones(64)})
     with pytest.raises((KeyError, RuntimeError, ValueError), match="model.layers.0.mlp.down_proj.scale"):
         load(path)
 
@@ -207,8 +206,8 @@ def test_task6_rotary_inv_freq_is_skipped(tiny_models, tmp_path):
     """老检查点里存的 rotary_emb.inv_freq 不是权重：一声不响地跳过，加载结果不变。"""
     path = copy_model(tiny_models, "qwen3-tied", tmp_path)
     inv = 1.0 / (1e6 ** (torch.arange(0, 16, 2).float() / 16))
-    save_file({"model.layers.0.self_attn.rotary_emb.inv_freq": inv, "model.rotary_emb.inv_freq": inv.clone()},
-              str(path / "extra.safetensors"))
+    rewrite_single_file(path, add={"model.layers.0.self_attn.rotary_emb.inv_freq": inv,
+                                   "model.rotary_emb.inv_freq": inv.clone()})
     model = build_meta(config_of(path))
     names = [n for n, _ in stream(path, model)]
     assert not [n for n in names if "rotary_emb" in n]

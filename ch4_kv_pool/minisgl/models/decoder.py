@@ -7,48 +7,23 @@
 | Qwen3 | 否 | 是 |
 
 官方为每个家族各写一个几乎相同的文件；这里用子类只设开关，读者一眼看出差别在哪。
+共用的 RopeAttn、GatedMLP 和官方一样放在 models/utils.py。
 """
 
 from __future__ import annotations
 
-from typing import Tuple
+from typing import TYPE_CHECKING, Tuple
 
 import torch
 
 from minisgl.core import get_global_ctx
-from minisgl.layers import (AttentionLayer, BaseOP, LinearColParallelMerged, LinearOProj, LinearQKVMerged,
-                            LinearRowParallel, OPList, ParallelLMHead, RMSNorm, RMSNormFused, VocabParallelEmbedding,
-                            silu_and_mul)
+from minisgl.layers import BaseOP, OPList, ParallelLMHead, RMSNormFused, VocabParallelEmbedding
 
 from .base import BaseLLMModel
-from .config import ModelConfig
+from .utils import GatedMLP, RopeAttn
 
-
-class RopeAttn(BaseOP):
-    def __init__(self, config: ModelConfig, layer_id: int, *, has_attn_bias: bool = False,
-                 has_qk_norm: bool = False) -> None:
-        self.qkv_proj = LinearQKVMerged(config.hidden_size, config.head_dim, config.num_qo_heads,
-                                        config.num_kv_heads, has_bias=has_attn_bias)
-        self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if has_qk_norm else None
-        self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if has_qk_norm else None
-        self.attn = AttentionLayer(layer_id, config.num_qo_heads, config.num_kv_heads, config.head_dim,
-                                   config.rotary_config, q_norm=self.q_norm, k_norm=self.k_norm)
-        self.o_proj = LinearOProj(config.head_dim * config.num_qo_heads, config.hidden_size, has_bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.o_proj.forward(self.attn.forward(self.qkv_proj.forward(x)))
-
-
-class GatedMLP(BaseOP):
-    def __init__(self, config: ModelConfig) -> None:
-        if config.hidden_act != "silu":
-            raise ValueError(f"不支持的激活函数 hidden_act={config.hidden_act!r}（支持 silu）")
-        inter = config.intermediate_size
-        self.gate_up_proj = LinearColParallelMerged(config.hidden_size, [inter, inter], has_bias=False)
-        self.down_proj = LinearRowParallel(inter, config.hidden_size, has_bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj.forward(silu_and_mul(self.gate_up_proj.forward(x)))
+if TYPE_CHECKING:
+    from .config import ModelConfig
 
 
 class DecoderLayer(BaseOP):
@@ -81,6 +56,10 @@ class DecoderModel(BaseOP):
 class DecoderForCausalLM(BaseLLMModel):
     has_attn_bias = False
     has_qk_norm = False
+    packed_modules_mapping = {
+        "q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
+        "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
+    }
 
     def __init__(self, config: ModelConfig) -> None:
         self.model = DecoderModel(config, self.has_attn_bias, self.has_qk_norm)

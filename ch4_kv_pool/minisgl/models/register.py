@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .base import BaseLLMModel
-from .config import ModelConfig
 from .decoder import LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
+
+if TYPE_CHECKING:
+    from .config import ModelConfig
 
 _MODEL_REGISTRY: dict[str, type[BaseLLMModel]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
@@ -13,11 +17,13 @@ _MODEL_REGISTRY: dict[str, type[BaseLLMModel]] = {
 }
 
 
-def supported_architectures() -> list[str]:
-    return sorted(_MODEL_REGISTRY)
+def check_architecture(model_architecture: str, source: str = "") -> None:
+    """load_hf_config（在查必需字段之前：GPT-2 之类的配置缺字段，先说结构不支持才对）和 get_model_class 共用。"""
+    if model_architecture not in _MODEL_REGISTRY:
+        raise ValueError(f"{source + ': ' if source else ''}不支持的模型结构 {model_architecture!r}；"
+                         f"支持：{', '.join(sorted(_MODEL_REGISTRY))}")
 
 
 def get_model_class(model_architecture: str, model_config: ModelConfig) -> BaseLLMModel:
-    if model_architecture not in _MODEL_REGISTRY:
-        raise ValueError(f"不支持的模型结构 {model_architecture!r}；支持：{', '.join(supported_architectures())}")
+    check_architecture(model_architecture)
     return _MODEL_REGISTRY[model_architecture](model_config)

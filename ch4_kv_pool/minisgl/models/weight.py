@@ -9,6 +9,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import stat
 from typing import Dict, Iterator, Tuple
 
 import torch
@@ -16,34 +17,48 @@ from safetensors import SafetensorError, safe_open
 
 from minisgl.layers import BaseOP, OPList
 
-# HF 的名字片段 -> (引擎里合并后的名字片段, 第几块, 一共几块)
-_MERGED = {".q_proj.": (".qkv_proj.", 0, 3), ".k_proj.": (".qkv_proj.", 1, 3), ".v_proj.": (".qkv_proj.", 2, 3),
-           ".gate_proj.": (".gate_up_proj.", 0, 2), ".up_proj.": (".gate_up_proj.", 1, 2)}
+from .base import BaseLLMModel
+
 _SKIPPED = (".rotary_emb.inv_freq",)  # 老检查点里存的 RoPE 频率：可以算出来，不是权重
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)  # 量化的（int8、fp8…）阶段一不支持
 
 
+def _is_regular_file(path: str) -> bool:
+    """不存在 -> False；目录、FIFO、设备 -> 报错：打开 FIFO 会一直等写端，目录的报错又说不到点上。"""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISREG(mode):
+        raise ValueError(f"{path} 不是普通文件（目录、FIFO 或设备？）：权重和分片索引只从普通文件读")
+    return True
+
+
 def safetensors_files(model_path: str) -> list[str]:
+    """和 HF 一样：有 model.safetensors 就只读它，否则只读 model.safetensors.index.json 列出的分片。
+    目录里别的 *.safetensors 一概不读：多出来的文件里的同名张量会悄悄盖掉真的。"""
+    single = os.path.join(model_path, "model.safetensors")
+    if _is_regular_file(single):
+        return [single]
     index = os.path.join(model_path, "model.safetensors.index.json")
-    if os.path.isfile(index):  # 分片：以索引为准，缺哪个分片就说哪个
+    if _is_regular_file(index):
         try:
             with open(index) as f:
                 names = sorted(set(json.load(f)["weight_map"].values()))
-        except (ValueError, KeyError, AttributeError) as e:  # JSON 坏了，或者没有 weight_map
+        except (ValueError, KeyError, AttributeError, TypeError) as e:  # JSON 坏了，或者没有 weight_map
             raise ValueError(f"{index} 不是有效的分片索引（要有 weight_map）：{e!r}") from None
-        missing = [n for n in names if not os.path.isfile(os.path.join(model_path, n))]
+        missing = [n for n in names if not _is_regular_file(os.path.join(model_path, n))]
         if missing:
             raise FileNotFoundError(f"{index} 列出的分片不存在：{missing}")
         return [os.path.join(model_path, n) for n in names]
-    files = sorted(glob.glob(os.path.join(model_path, "*.safetensors")))
-    if files:
-        return files
+    others = sorted(os.path.basename(p) for p in glob.glob(os.path.join(model_path, "*.safetensors")))
     pickles = sorted(os.path.basename(p) for p in glob.glob(os.path.join(model_path, "*"))
                      if p.endswith((".bin", ".pt", ".pth")))
-    if pickles:
+    if pickles and not others:
         raise ValueError(f"{model_path} 只有 {pickles}：这是 pickle 格式，加载它等于执行任意代码，"
                          f"这里只读 safetensors。请下载或转换成 .safetensors")
-    raise FileNotFoundError(f"{model_path} 里没有 *.safetensors 权重文件")
+    hint = f"；{others} 不会被读（和 HF 一样，没有索引时只认 model.safetensors）" if others else ""
+    raise FileNotFoundError(f"{model_path} 里没有 model.safetensors，也没有 model.safetensors.index.json{hint}")
 
 
 def _open(file: str, device: torch.device | str):
@@ -74,31 +89,38 @@ def find_op(root: BaseOP, name: str) -> BaseOP:
     return op
 
 
-def _rename(key: str) -> Tuple[str, int, int]:
-    for old, (new, part, total) in _MERGED.items():
-        if old in key:
-            return key.replace(old, new), part, total
+def _rename(key: str, packed: Dict[str, Tuple[str, int]]) -> Tuple[str, int, int]:
+    """HF 的名字 -> (引擎里合并后的名字, 第几块, 一共几块)；不合并的原样，算一块。"""
+    for old, (new, part) in packed.items():
+        if f".{old}." in key:
+            return key.replace(f".{old}.", f".{new}."), part, sum(n == new for n, _ in packed.values())
     return key, 0, 1
 
 
-def _hf_name(name: str, part: int) -> str | None:
+def _hf_name(name: str, part: int, packed: Dict[str, Tuple[str, int]]) -> str | None:
     """合并后的名字 + 第几块 -> 检查点里原来的名字（_rename 的反方向）。"""
-    for old, (new, p, _) in _MERGED.items():
-        if new in name and p == part:
-            return name.replace(new, old)
+    for old, (new, p) in packed.items():
+        if f".{new}." in name and p == part:
+            return name.replace(f".{new}.", f".{old}.")
     return None
 
 
-def load_weight(model_path: str, model: BaseOP, device: torch.device | str = "cpu"
+def load_weight(model_path: str, model: BaseLLMModel, device: torch.device | str = "cpu"
                 ) -> Iterator[Tuple[str, torch.Tensor]]:
     """逐个交出 (引擎里的名字, 本 rank 的张量)。dtype 不在这里转：调用方边收边转，省得多留一份。"""
+    packed = model.packed_modules_mapping
     pending: Dict[str, Dict[int, torch.Tensor]] = {}
+    seen: Dict[str, str] = {}  # 键 -> 它所在的文件
     for file in safetensors_files(model_path):
         with _open(file, device) as f:
             for key in f.keys():
+                if key in seen:  # 分片之间重复：哪份算数说不清，HF 也不会替你挑
+                    raise ValueError(f"{key} 同时出现在 {os.path.basename(seen[key])} 和 "
+                                     f"{os.path.basename(file)} 里（{model_path}）")
+                seen[key] = file
                 if key.endswith(_SKIPPED):
                     continue
-                name, part, total = _rename(key)
+                name, part, total = _rename(key, packed)
                 try:
                     op = find_op(model, name.rsplit(".", 1)[0])
                 except KeyError:
@@ -107,10 +129,10 @@ def load_weight(model_path: str, model: BaseOP, device: torch.device | str = "cp
                 if full.dtype not in _FLOAT_DTYPES:  # 引擎会 .to(dtype)：整数或 fp8 会被悄悄转成错的权重
                     raise ValueError(f"{os.path.basename(file)} 里的 {key} 是 {full.dtype}，"
                                      f"权重只能是 float32/bfloat16/float16（量化的检查点阶段一不支持）")
-                try:
+                try:  # 切分时发现完整形状和 config.json 对不上（比如 vocab_size 比词嵌入小）：补上文件和张量名
                     local = op.shard(full, part)
-                except ValueError as e:  # shard 只知道形状，名字在这里补上
-                    raise ValueError(f"{os.path.basename(file)} 里的 {key}（引擎里的 {name}）：{e}") from None
+                except ValueError as e:
+                    raise ValueError(f"{file} 里的 {key}：{e}") from None
                 if total == 1:  # safetensors 给的是指向映射文件的视图：复制一份，引擎的权重才是自己的、对齐的内存
                     yield name, local.clone()
                     continue
@@ -122,10 +144,10 @@ def load_weight(model_path: str, model: BaseOP, device: torch.device | str = "cp
                     parts = [group[i] for i in range(total)]
                     if len({p.shape[1:] for p in parts}) > 1:  # 否则是一句不带名字的 torch.cat 报错
                         raise ValueError(f"{model_path}: 合并成 {name} 的几块形状对不上：" + "，".join(
-                            f"{_hf_name(name, i)} {tuple(p.shape)}" for i, p in enumerate(parts)))
+                            f"{_hf_name(name, i, packed)} {tuple(p.shape)}" for i, p in enumerate(parts)))
                     yield name, torch.cat(parts)
                     del pending[name]
     if pending:
-        missing = [_hf_name(name, part) for name, group in pending.items()
-                   for part in range(3) if _hf_name(name, part) and part not in group]
+        missing = [_hf_name(name, part, packed) for name, group in pending.items()
+                   for part in range(len(packed)) if _hf_name(name, part, packed) and part not in group]
         raise ValueError(f"{model_path}: 检查点缺少 {missing}，凑不齐合并的权重 {sorted(pending)}")

@@ -14,6 +14,8 @@ from transformers import AutoConfig, PretrainedConfig
 
 from minisgl.layers.rotary import RotaryConfig
 
+from .register import check_architecture
+
 __all__ = ["ModelConfig", "RotaryConfig", "load_hf_config"]
 
 # config.json 里必须写明的字段：transformers 对缺的字段会悄悄填上默认值（比如 hidden_size=4096），
@@ -24,8 +26,6 @@ NEEDED_FIELDS = ("architectures", "hidden_size", "num_hidden_layers", "num_atten
 
 def load_hf_config(model_path: str) -> PretrainedConfig:
     """读模型目录的 config.json：目录、文件、结构、必需字段，哪里不对就说出哪里，再交给 AutoConfig。"""
-    from .register import supported_architectures  # register 依赖本模块：在函数里导入，避免循环导入
-
     if not os.path.exists(model_path):
         raise FileNotFoundError(f"模型目录 {model_path!r} 不存在。下载真权重："
                                 f"hf download Qwen/Qwen3-0.6B --local-dir models/Qwen3-0.6B")
@@ -33,7 +33,7 @@ def load_hf_config(model_path: str) -> PretrainedConfig:
         raise NotADirectoryError(f"模型路径 {model_path!r} 不是目录：要给 Hugging Face 格式的模型目录")
     file = os.path.join(model_path, "config.json")
     if not os.path.isfile(file):  # 别让 AutoConfig 把它当成 hub 上的名字去联网
-        raise FileNotFoundError(f"模型目录 {model_path!r} 里没有 config.json")
+        raise FileNotFoundError(f"模型目录 {model_path!r} 里没有 config.json（或者它不是普通文件）")
     try:
         with open(file) as f:
             raw = json.load(f)
@@ -42,8 +42,8 @@ def load_hf_config(model_path: str) -> PretrainedConfig:
     text = raw.get("text_config") or raw  # 多模态模型的文本部分
     missing = [k for k in NEEDED_FIELDS if k not in text and k not in raw]
     archs = raw.get("architectures") or text.get("architectures") or []
-    if archs and archs[0] not in supported_architectures():
-        raise ValueError(f"{file}: 不支持的模型结构 {archs[0]!r}；支持：{', '.join(supported_architectures())}")
+    if archs:
+        check_architecture(archs[0], source=file)
     if missing:
         raise ValueError(f"{file} 缺少必需的字段 {missing}")
     return AutoConfig.from_pretrained(model_path)
@@ -68,6 +68,10 @@ class ModelConfig:
     @classmethod
     def from_hf(cls, config: PretrainedConfig) -> "ModelConfig":
         config = getattr(config, "text_config", None) or config
+        sliding = [i for i, t in enumerate(getattr(config, "layer_types", None) or []) if t != "full_attention"]
+        if sliding:  # 否则按全注意力算，序列长过窗口后 token 和 HF 不同。use_sliding_window=false 时 HF 给的全是 full
+            raise ValueError(f"{config.model_type} 的配置让第 {sliding} 层用 {config.layer_types[sliding[0]]}"
+                             f"（sliding_window={getattr(config, 'sliding_window', None)}）：阶段一只实现全注意力")
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         rope = dict(getattr(config, "rope_parameters", None) or {})
         base = rope.get("rope_theta", getattr(config, "rope_theta", None))

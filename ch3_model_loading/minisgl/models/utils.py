@@ -1,0 +1,40 @@
+"""三个家族共用的两块：带 RoPE 的注意力和门控 MLP（文件名、类名与官方一致）。"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from minisgl.layers import (AttentionLayer, BaseOP, LinearColParallelMerged, LinearOProj, LinearQKVMerged,
+                            LinearRowParallel, RMSNorm, silu_and_mul)
+
+if TYPE_CHECKING:
+    from .config import ModelConfig
+
+
+class RopeAttn(BaseOP):
+    def __init__(self, config: ModelConfig, layer_id: int, *, has_attn_bias: bool = False,
+                 has_qk_norm: bool = False) -> None:
+        self.qkv_proj = LinearQKVMerged(config.hidden_size, config.head_dim, config.num_qo_heads,
+                                        config.num_kv_heads, has_bias=has_attn_bias)
+        self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if has_qk_norm else None
+        self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if has_qk_norm else None
+        self.attn = AttentionLayer(layer_id, config.num_qo_heads, config.num_kv_heads, config.head_dim,
+                                   config.rotary_config, q_norm=self.q_norm, k_norm=self.k_norm)
+        self.o_proj = LinearOProj(config.head_dim * config.num_qo_heads, config.hidden_size, has_bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.o_proj.forward(self.attn.forward(self.qkv_proj.forward(x)))
+
+
+class GatedMLP(BaseOP):
+    def __init__(self, config: ModelConfig) -> None:
+        if config.hidden_act != "silu":  # 官方还有 gelu；三个家族都用 silu
+            raise ValueError(f"不支持的激活函数 hidden_act={config.hidden_act!r}（支持 silu）")
+        inter = config.intermediate_size
+        self.gate_up_proj = LinearColParallelMerged(config.hidden_size, [inter, inter], has_bias=False)
+        self.down_proj = LinearRowParallel(inter, config.hidden_size, has_bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj.forward(silu_and_mul(self.gate_up_proj.forward(x)))
