@@ -132,7 +132,7 @@ def load_weight(model_path: str, model: BaseLLMModel, device: torch.device | str
                 try:  # 切分时发现完整形状和 config.json 对不上（比如 vocab_size 比词嵌入小）：补上文件和张量名
                     local = op.shard(full, part)
                 except ValueError as e:
-                    raise ValueError(f"{file} 里的 {key}：{e}") from None
+                    raise ValueError(f"{file} 里的 {key}（引擎里的 {name}）：{e}") from None
                 if total == 1:  # safetensors 给的是指向映射文件的视图：复制一份，引擎的权重才是自己的、对齐的内存
                     yield name, local.clone()
                     continue
