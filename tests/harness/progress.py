@@ -9,6 +9,8 @@ import json
 import os
 import re
 
+import pytest
+
 _RESULTS: dict[str, dict] = {}
 # 一行原因按优先级找：桩的 NotImplementedError（可能在子进程的 stderr 里）、对齐报告的第一次分叉、断言的第一行
 _REASONS = [re.compile(r"NotImplementedError: .*"), re.compile(r"提示词 .*第一次分叉")]
@@ -37,6 +39,14 @@ def pytest_runtest_logreport(report):
         _RESULTS[report.nodeid] = {"outcome": "passed", "reason": ""}
 
 
+_COLLECTED: list[str] = []
+
+
+@pytest.hookimpl(tryfirst=True)  # 在 -k / -m 挑选之前：记下收集到的全部测试
+def pytest_collection_modifyitems(items):
+    _COLLECTED[:] = [item.nodeid for item in items]
+
+
 def pytest_collectreport(report):
     if report.failed:
         _RESULTS[report.nodeid or "<收集>"] = {"outcome": "error", "reason": one_line_reason(report)}
@@ -47,3 +57,5 @@ def pytest_sessionfinish(session):
     if path:
         with open(path, "w", encoding="utf-8") as f:
             json.dump(_RESULTS, f, ensure_ascii=False)
+        with open(path + ".collected", "w", encoding="utf-8") as f:
+            json.dump(_COLLECTED, f)
