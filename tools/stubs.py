@@ -171,17 +171,22 @@ def make_workspace(ck: Checkpoint, dest: Path) -> list[Stub]:
 
 
 def _signature(s: Stub) -> str:
+    """构造函数写成 Class(...)，方法去掉 self。"""
     n = s.node
     args = ast.unparse(n.args)
-    ret = f" -> {ast.unparse(n.returns)}" if n.returns else ""
-    prefix = "@property " if any(ast.unparse(d) == "property" for d in n.decorator_list) else ""
-    return f"{prefix}{s.qualname}({args}){ret}"
+    if "." in s.qualname and args.split(",")[0].strip() in ("self", "cls"):
+        args = args.split(",", 1)[1].strip() if "," in args else ""
+    ret = f" -> {ast.unparse(n.returns)}" if n.returns and s.node.name != "__init__" else ""
+    name = s.qualname.removesuffix(".__init__")
+    if any(ast.unparse(d) == "property" for d in n.decorator_list):
+        return f"{name}{ret}（属性）"
+    return f"{name}({args}){ret}"
 
 
 def interface_table(ck: Checkpoint) -> str:
     """本章要写的公开接口（名字不以 _ 开头，__init__ 除外），按任务分组的 Markdown 表。"""
     rows = ["| 任务 | 文件 | 接口 | 说明 |", "|---|---|---|---|"]
-    for s in find_stubs(ck):
+    for s in sorted(find_stubs(ck), key=lambda s: s.task.number if s.task else 99):
         if any(part.startswith("_") and part != "__init__" for part in s.qualname.split(".")):
             continue
         doc = (ast.get_docstring(s.node) or "").strip().splitlines()

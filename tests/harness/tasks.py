@@ -128,5 +128,6 @@ def progress_table(results: dict[str, dict], chapter: int, reason_chars: int = 1
         ok_all &= bad == 0 and r["n"] > 0
         count = f"{r['ok']}/{r['n']}" + (f"（{r['skip']} 跳过）" if r["skip"] else "")
         mark = "✓ " if bad == 0 and r["n"] > 0 else "✗ "
-        lines.append(mark + _pad(r["title"], width) + _pad(count, 12) + (r["first"] or ("没有测试" if not r["n"] else "")))
+        first = r["first"] or ("没有测试" if not r["n"] else "")
+        lines.append(mark + _pad(r["title"], width) + _pad(count, 12) + first)
     return "\n".join(lines), ok_all

@@ -40,6 +40,17 @@ def _pytest(ws: Path, tag: str, tmp: Path, *args: str) -> tuple[dict, list[str],
     return results, collected, res.stdout[-3000:] + res.stderr[-2000:]
 
 
+def _probe(chapter: int) -> tuple[str, str]:
+    """每章真跑的那个测试：tests/chN/ 里第一个 test_task1_ 函数（第 0 步：test_cli.py 的第一个测试）。"""
+    files = sorted((ROOT / "tests" / f"ch{chapter}").glob("test_*.py")) if chapter else \
+        [ROOT / "tests" / "checkpoint" / "test_cli.py"]
+    for f in files:
+        for node in ast.parse(f.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("test_task1_" if chapter else "test_"):
+                return f.relative_to(ROOT).as_posix(), node.name
+    raise AssertionError(f"第 {chapter} 章没有 test_task1_ 测试")
+
+
 @pytest.mark.parametrize("ck", CHECKPOINTS, ids=lambda c: c.name)
 def test_stub_workspace(ck, tmp_path):
     tag = ck.name.split("_")[0]
@@ -61,9 +72,9 @@ def test_stub_workspace(ck, tmp_path):
         for s in (s for s in made if s.file == rel):
             assert any(m.startswith(f"{s.task.label}：{s.qualname}") for m in raised), f"{s.key} 的桩没写任务号"
 
-    # 收集全部（0 个错误、每个测试恰好一个任务），同时跑本章的一个测试
-    probe_pattern = f"tests/ch{ck.chapter}/" if ck.chapter else "tests/checkpoint/test_cli.py"
-    results, collected, out = _pytest(ws, tag, tmp_path, "--co")
+    # 一个进程里：收集全部（0 个错误、每个测试恰好一个任务），用 -k 只跑本章的一个测试
+    probe_file, name = _probe(ck.chapter)
+    results, collected, out = _pytest(ws, tag, tmp_path, "-k", name)
     errors = {k: v for k, v in results.items() if v["outcome"] == "error"}
     assert collected and not errors, f"桩目录收集出错：{errors}\n{out}"
     for nodeid in collected:
@@ -73,19 +84,18 @@ def test_stub_workspace(ck, tmp_path):
     for t in mine:
         assert any(match(mine, n.split("[")[0], "tests") == [t] for n in collected
                    if chapter_of_test(n, ck.chapter) == ck.chapter), f"{t.label} 没有测试"
-    candidates = [n for n in collected if n.startswith(probe_pattern)]
-    probe = next((n for n in candidates if "test_task1" in n), candidates[0])
-
-    results, _, out = _pytest(ws, tag, tmp_path, probe)
-    assert results.get(probe, {}).get("outcome") == "failed", f"{probe} 在桩上没有失败：\n{out}"
-    reason = results[probe]["reason"]
-    assert reason.startswith(f"NotImplementedError: 第 {ck.chapter} 章 · 任务 "), reason
+    ran = {k: v for k, v in results.items() if k.startswith(f"{probe_file}::{name}")}
+    assert ran and all(v["outcome"] == "failed" for v in ran.values()), f"{name} 在桩上没有失败：\n{out}"
+    for v in ran.values():
+        assert v["reason"].startswith(f"NotImplementedError: 第 {ck.chapter} 章 · 任务 "), v["reason"]
 
     for rel in stubs.changes(ck):  # 放回参考文件
         if (ck.path / rel).exists():
             shutil.copyfile(ck.path / rel, ws / rel)
-    results, _, out = _pytest(ws, tag, tmp_path, probe)
-    assert results.get(probe, {}).get("outcome") == "passed", f"放回参考文件后 {probe} 还是没通过：\n{out}"
+    results, _, out = _pytest(ws, tag, tmp_path, probe_file, "-k", name)
+    again = {k: v for k, v in results.items() if k in ran}
+    assert again.keys() == ran.keys() and all(v["outcome"] == "passed" for v in again.values()), \
+        f"放回参考文件后 {name} 还是没通过：\n{out}"
 
 
 def test_start_refuses_an_existing_directory(tmp_path):
