@@ -87,6 +87,8 @@ def main() -> int:
     if cmd == "start":
         return start(extra)
     if cmd == "check":  # 读者的目录：run_tests.py 的 --as 模式，摘要是按任务的进度表
+        if extra and Path(extra[0]).is_dir():
+            extra[0] = str(Path(extra[0]).resolve())  # run_tests.py 在仓库根目录下跑
         extra = [*extra, "--no-docs"]
     return subprocess.call([sys.executable, str(ROOT / "tools" / "run_tests.py"), *extra], cwd=ROOT)
 

@@ -20,6 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
+import stubs  # noqa: E402  （mkdocs 载入钩子之后会还原 sys.path，所以在这里就 import）
 from tests.harness.course import checkpoint_files, find_checkpoint, load_manifest  # noqa: E402
 
 PATTERN = re.compile(r"\{\{\s*chapter_diff\(\"([\w]+)\"\)\s*\}\}")
@@ -65,8 +66,6 @@ def run(checkpoint: str, command: str) -> str:
 
 def interface(page_file: str) -> str:
     """页面 chN.md / step0.md 对应的检查点的接口表。"""
-    import stubs
-
     tag = Path(page_file).stem
     ck = find_checkpoint(tag)
     return (f"本章要写的接口（`python course.py start {tag}` 把它们写成桩，函数体是 `raise NotImplementedError`）：\n\n"
