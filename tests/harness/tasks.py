@@ -98,6 +98,7 @@ def progress_table(results: dict[str, dict], chapter: int, reason_chars: int = 1
     for t in all_tasks.get(chapter, []):
         rows[t.label] = {"title": f"任务 {t.number} · {t.title}", "n": 0, "ok": 0, "skip": 0, "first": ""}
     for nodeid, r in results.items():
+        task = None
         if r["outcome"] == "error":
             key, title = "收集错误", "收集错误（测试文件都没能导入）"
         else:
@@ -115,9 +116,11 @@ def progress_table(results: dict[str, dict], chapter: int, reason_chars: int = 1
         row["n"] += 1
         row["ok"] += r["outcome"] == "passed"
         row["skip"] += r["outcome"] == "skipped"
-        if r["outcome"] in ("failed", "error") and not row["first"]:
+        # 第一个没通过的测试；优先挑原因就是本任务的桩的那个（别的任务的桩挡在前面时，先写那个任务）
+        own = task is not None and f"{task.label}：" in r["reason"] if r["outcome"] != "error" else False
+        if r["outcome"] in ("failed", "error") and (not row["first"] or (own and not row.get("own"))):
             reason = r["reason"] if len(r["reason"]) <= reason_chars else r["reason"][:reason_chars] + "…"
-            row["first"] = f"{nodeid.split('/')[-1]}：{reason}"
+            row["first"], row["own"] = f"{nodeid.split('/')[-1]}：{reason}", own
     order.sort(key=lambda k: (k.startswith("第") and "任务" not in k, k in ("未归类", "收集错误")))
     width = max(_width(rows[k]["title"]) for k in order) + 2 if order else 10
     lines = [_pad("任务", width + 2) + _pad("通过", 12) + "第一个没通过的测试：原因"]

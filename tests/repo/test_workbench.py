@@ -130,3 +130,16 @@ def test_details_are_capped_keeping_head_and_tail():
     out = "FIRST FAILURE\n" + "x" * 50000 + "\nshort test summary"
     kept = capped(out, 4000)
     assert len(kept) < 4200 and kept.startswith("FIRST FAILURE") and kept.endswith("short test summary")
+
+
+def test_progress_table_prefers_the_failure_naming_its_own_task():
+    from tests.harness.tasks import progress_table
+
+    results = {
+        "tests/ch4/test_kv_pool.py::test_task1_a": {"outcome": "failed",
+                                                    "reason": "NotImplementedError: 第 4 章 · 任务 2：step"},
+        "tests/ch4/test_kv_pool.py::test_task1_b": {"outcome": "failed",
+                                                    "reason": "NotImplementedError: 第 4 章 · 任务 1：MHAKVCache"},
+    }
+    table, _ = progress_table(results, 4)
+    assert "test_task1_b：NotImplementedError: 第 4 章 · 任务 1" in table and "test_task1_a" not in table
