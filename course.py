@@ -3,6 +3,11 @@
     python course.py demo    # 跑课程的主演示：阶段一的里程碑（ch6_engine_sampler/examples/stage1_milestone.py）
     python course.py test    # 跑全部测试：仓库级、每个检查点、文档构建
 
+自己动手写一章：
+
+    python course.py start ch4 [DIR]          # 复制第 3 章，把第 4 章新增、修改的代码写成桩（默认目录 my_ch4）
+    python course.py check my_ch4 --as ch4    # 按任务列出进度：每个任务通过几个、第一个没通过的测试和原因
+
 其余参数原样传下去，例如 python course.py test ch3 只测第 3 章的检查点。
 """
 
@@ -48,14 +53,43 @@ def demo(extra: list[str]) -> int:
                            env=env)
 
 
+def start(extra: list[str]) -> int:
+    """第 N 章的起点：上一章的检查点 + 本章的桩（tools/stubs.py 从参考检查点现生成）。"""
+    if not extra or len(extra) > 2:
+        print("用法：python course.py start chN [DIR]（N 是 1~6；step0 也行）")
+        return 2
+    sys.path.insert(0, str(ROOT / "tools"))
+    import stubs
+    from tests.harness.course import find_checkpoint
+
+    ck = find_checkpoint(extra[0])
+    dest = Path(extra[1] if len(extra) > 1 else f"my_{extra[0]}").resolve()
+    try:
+        made = stubs.make_workspace(ck, dest)
+    except FileExistsError as e:
+        print(f"错误：{e}")
+        return 1
+    tag = ck.name.split("_")[0]
+    print(f"{dest}：{stubs.previous(ck).name if stubs.previous(ck) else '空目录'} + 第 {ck.chapter} 章的 "
+          f"{len(made)} 个桩（raise NotImplementedError 的地方就是要你写的）。")
+    print(f"照着 docs/{tag}.md 的「任务」一节写；随时看进度：python course.py check {dest.name} --as {tag}")
+    return 0
+
+
 def main() -> int:
-    if len(sys.argv) < 2 or sys.argv[1] not in ("demo", "test"):
+    if len(sys.argv) < 2 or sys.argv[1] not in ("demo", "test", "start", "check"):
         print(__doc__)
         return 2
     ensure_env()
     cmd, extra = sys.argv[1], sys.argv[2:]
     if cmd == "demo":
         return demo(extra)
+    if cmd == "start":
+        return start(extra)
+    if cmd == "check":  # 读者的目录：run_tests.py 的 --as 模式，摘要是按任务的进度表
+        if extra and Path(extra[0]).is_dir():
+            extra[0] = str(Path(extra[0]).resolve())  # run_tests.py 在仓库根目录下跑
+        extra = [*extra, "--no-docs"]
     return subprocess.call([sys.executable, str(ROOT / "tools" / "run_tests.py"), *extra], cwd=ROOT)
 
 

@@ -3,6 +3,8 @@
 - {{ chapter_diff("ch2_ops") }}：新增 / 删除的文件清单，以及每个修改过的文件相对上一个检查点的 unified diff；
 - {{ run("ch6_engine_sampler", "examples/stage1_milestone.py --page-size 4") }}：在那个检查点里运行脚本
   （PYTHONPATH 指向检查点），把它的输出原样放进页面。
+- <!-- 接口 -->：本章要写的公开接口表（名字、签名、docstring 第一行），由 tools/stubs.py 从参考检查点现生成，
+  和 python course.py start 写出的桩是同一份。
 
 这些脚本要用离线生成的小模型（models/tiny/）：构建开始前先确保它们在，刚克隆的仓库直接 mkdocs build / serve 就行。
 """
@@ -19,9 +21,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from tests.harness.course import checkpoint_files, load_manifest  # noqa: E402
+sys.path.insert(0, str(ROOT / "tools"))
+import stubs  # noqa: E402  （mkdocs 载入钩子之后会还原 sys.path，所以在这里就 import）
+from tests.harness.course import checkpoint_files, find_checkpoint, load_manifest  # noqa: E402
 
 PATTERN = re.compile(r"\{\{\s*chapter_diff\(\"([\w]+)\"\)\s*\}\}")
+INTERFACE = "<!-- 接口 -->"
 RUN = re.compile(r"\{\{\s*run\(\"([\w]+)\",\s*\"([^\"]+)\"\)\s*\}\}")
 
 
@@ -69,6 +74,16 @@ def on_pre_build(config) -> None:
     make_all()
 
 
+def interface(page_file: str) -> str:
+    """页面 chN.md / step0.md 对应的检查点的接口表。"""
+    tag = Path(page_file).stem
+    ck = find_checkpoint(tag)
+    return (f"本章要写的接口（`python course.py start {tag}` 把它们写成桩，函数体是 `raise NotImplementedError`）：\n\n"
+            + stubs.interface_table(ck))
+
+
 def on_page_markdown(markdown: str, page, config, files) -> str:
+    if INTERFACE in markdown:
+        markdown = markdown.replace(INTERFACE, interface(page.file.src_uri))
     markdown = RUN.sub(lambda m: run(m.group(1), m.group(2)), markdown)
     return PATTERN.sub(lambda m: chapter_diff(m.group(1)), markdown)

@@ -4,15 +4,20 @@
     python tools/run_tests.py ch3              # 只测一个检查点（含第 1~3 章的累积测试）
     python tools/run_tests.py my_ch3 --as ch3  # 读者自己的目录
     python tools/run_tests.py --real           # 另加真权重一档
+
+先打印摘要（每个检查点一行；只测一个检查点时再按任务打一张进度表），再打印失败的细节（--tb=short，有上限），
+所以摘要永远不会被长长的张量打印挤掉。
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -20,16 +25,30 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
-from tests.harness.course import load_manifest  # noqa: E402
+from tests.harness.course import find_checkpoint, load_manifest  # noqa: E402
+from tests.harness.tasks import progress_table  # noqa: E402
 
 SITE_TEST = "tests/repo/test_site.py"
 COUNT = re.compile(r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed)")
+DETAILS_CAP = 20000  # 失败细节一共最多打印这么多字符：开头（最先失败的测试）加结尾（pytest 的简短汇总）
 
 
-def _job(name: str, cmd: list[str], env: dict) -> tuple[str, int, str, float]:
+def _job(name: str, cmd: list[str], env: dict) -> tuple[str, int, str, float, dict]:
     t0 = time.perf_counter()
-    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
-    return name, res.returncode, res.stdout + res.stderr, time.perf_counter() - t0
+    with tempfile.TemporaryDirectory() as d:
+        progress = Path(d) / "progress.json"
+        res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
+                             env=dict(env, MINISGL_PROGRESS=str(progress)))
+        results = json.loads(progress.read_text(encoding="utf-8")) if progress.exists() else {}
+    return name, res.returncode, res.stdout + res.stderr, time.perf_counter() - t0, results
+
+
+def capped(out: str, cap: int) -> str:
+    """保留开头（最先失败的测试）和结尾（short test summary），中间省略。"""
+    if len(out) <= cap:
+        return out
+    tail = min(3000, cap // 4)
+    return f"{out[:cap - tail]}\n\n…… 省略 {len(out) - cap} 个字符 ……\n\n{out[-tail:]}"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -49,7 +68,8 @@ def main() -> int:
     from make_tiny_models import make_all
 
     make_all()  # 先写好小模型，免得几个 pytest 进程同时去写
-    pytest = [sys.executable, "-m", "pytest", "tests", "-q", "-p", "no:cacheprovider", *extra]
+    pytest = [sys.executable, "-m", "pytest", "tests", "-q", "-p", "no:cacheprovider", "-p", "tests.harness.progress",
+              "--tb=short", *extra]
     if args.real:
         pytest.append("--real")
     jobs = []
@@ -65,8 +85,9 @@ def main() -> int:
     if args.jobs > 1:
         env.setdefault("OMP_NUM_THREADS", "1")  # 几个进程并行时各用一个线程，别互相抢核
     passed = failed = 0
+    details, table = [], None
     with ThreadPoolExecutor(args.jobs) as pool:
-        for name, rc, out, secs in pool.map(lambda j: _job(*j, env), jobs):
+        for name, rc, out, secs, results in pool.map(lambda j: _job(*j, env), jobs):
             last = out.strip().splitlines()[-1] if out.strip() else ""
             counts = {k.rstrip("s"): int(n) for n, k in COUNT.findall(last)}
             p, f = counts.get("passed", 0), counts.get("failed", 0) + counts.get("error", 0)
@@ -78,8 +99,19 @@ def main() -> int:
             if name == "文档" and counts.get("skipped"):  # 比如没装 chromium：把理由和安装命令告诉读者
                 print("\n".join("      " + line for line in out.splitlines() if line.startswith("SKIPPED")))
             if rc != 0:
-                print(out[-20000:])
+                details.append((name, out))
+            if args.checkpoint and name == args.checkpoint:
+                ck = find_checkpoint(args.checkpoint, args.as_chapter)
+                table, _ = progress_table(results, ck.chapter)
+                table = f"\n{ck.path.name}（按第 {ck.chapter} 章的任务）：\n{table}"
+    if table:
+        print(table)
     print(f"{passed} passed, {failed} failed")
+    for name, out in details:
+        print(f"\n======== {name} 的失败细节 ========")
+        print(capped(out, DETAILS_CAP // len(details)))
+    if details:
+        print(f"\n{passed} passed, {failed} failed（摘要见上面）")
     return 1 if failed else 0
 
 

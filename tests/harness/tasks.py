@@ -1,0 +1,136 @@
+"""读 tests/tasks.toml：每一章分几个任务，每个任务管哪些代码（符号）和哪些测试。
+
+一个名字（"文件:符号" 或测试的 node id）归属于模式最具体的那个任务：模式里通配符以外的字符最多者胜；
+两个任务打平就是清单写得有歧义（tests/repo/test_workbench.py 会报出来）。
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parents[2]
+TASKS = ROOT / "tests" / "tasks.toml"
+
+
+@dataclass(frozen=True)
+class Task:
+    chapter: int
+    number: int
+    title: str
+    symbols: list[str] = field(default_factory=list)
+    tests: list[str] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return f"第 {self.chapter} 章 · 任务 {self.number}"
+
+
+def load_tasks() -> dict[int, list[Task]]:
+    data = tomllib.loads(TASKS.read_text(encoding="utf-8"))
+    out: dict[int, list[Task]] = {}
+    for ch in data["chapter"]:
+        out[ch["chapter"]] = [Task(chapter=ch["chapter"], **t) for t in ch["task"]]
+    return out
+
+
+def keep_symbols() -> list[str]:
+    """每一章都原样保留、不做成桩的符号（命令行解析这类脚手架）。"""
+    return tomllib.loads(TASKS.read_text(encoding="utf-8")).get("keep", [])
+
+
+def _specificity(pattern: str) -> int:
+    return len(re.sub(r"[*?]|\[[^\]]*\]", "", pattern))
+
+
+def match(tasks: list[Task], name: str, kind: str) -> list[Task]:
+    """name 归属的任务：只有一个是正常的；空表示没人管，多于一个表示清单有歧义。kind 是 "symbols" 或 "tests"。"""
+    best, hits = -1, []
+    for t in tasks:
+        scores = [_specificity(p) for p in getattr(t, kind) if fnmatch.fnmatchcase(name, p)]
+        if not scores:
+            continue
+        s = max(scores)
+        if s > best:
+            best, hits = s, [t]
+        elif s == best:
+            hits.append(t)
+    return hits
+
+
+def chapter_of_test(nodeid: str, chapter: int) -> int:
+    """tests/chM/ 下的测试归第 M 章（在第 N 章的目录上是回归）；tests/checkpoint、tests/real 归所测的这一章。"""
+    m = re.match(r"tests/ch(\d+)/", nodeid)
+    return int(m.group(1)) if m else chapter
+
+
+def task_of_test(all_tasks: dict[int, list[Task]], nodeid: str, chapter: int) -> Task | None:
+    hits = match(all_tasks.get(chapter_of_test(nodeid, chapter), []), nodeid.split("[")[0], "tests")
+    return hits[0] if len(hits) == 1 else None
+
+
+def _width(s: str) -> int:
+    import unicodedata
+
+    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in s)
+
+
+def _pad(s: str, n: int) -> str:
+    return s + " " * max(0, n - _width(s))
+
+
+def progress_table(results: dict[str, dict], chapter: int, reason_chars: int = 110) -> tuple[str, bool]:
+    """results 是 tests/harness/progress.py 写的 {node id: {outcome, reason}}。返回（按任务的进度表, 是否全部通过）。
+
+    本章每个任务一行；前面各章的测试（回归）每章一行；归不到任务的测试和收集错误单独成行，也算失败。
+    """
+    all_tasks = load_tasks()
+    rows: dict[str, dict] = {}
+    order = [t.label for t in all_tasks.get(chapter, [])]
+    for t in all_tasks.get(chapter, []):
+        rows[t.label] = {"title": f"任务 {t.number} · {t.title}", "n": 0, "ok": 0, "skip": 0, "first": ""}
+    for nodeid, r in results.items():
+        task = None
+        if r["outcome"] == "error":
+            key, title = "收集错误", "收集错误（测试文件都没能导入）"
+        else:
+            ch = chapter_of_test(nodeid, chapter)
+            task = task_of_test(all_tasks, nodeid, chapter)
+            if task is None:
+                key, title = "未归类", "未归类的测试（tests/tasks.toml 里没有任务管它）"
+            elif ch != chapter:
+                key, title = f"第 {ch} 章", f"第 {ch} 章的测试（回归）"
+            else:
+                key, title = task.label, ""
+        row = rows.setdefault(key, {"title": title, "n": 0, "ok": 0, "skip": 0, "first": ""})
+        if key not in order:
+            order.append(key)
+        row["n"] += 1
+        row["ok"] += r["outcome"] == "passed"
+        row["skip"] += r["outcome"] == "skipped"
+        # 第一个没通过的测试；优先挑原因就是本任务的桩的那个（别的任务的桩挡在前面时，先写那个任务）
+        own = task is not None and f"{task.label}：" in r["reason"] if r["outcome"] != "error" else False
+        if r["outcome"] in ("failed", "error") and (not row["first"] or (own and not row.get("own"))):
+            reason = r["reason"] if len(r["reason"]) <= reason_chars else r["reason"][:reason_chars] + "…"
+            row["first"], row["own"] = f"{nodeid.split('/')[-1]}：{reason}", own
+    order.sort(key=lambda k: (k.startswith("第") and "任务" not in k, k in ("未归类", "收集错误")))
+    width = max(_width(rows[k]["title"]) for k in order) + 2 if order else 10
+    lines = [_pad("任务", width + 2) + _pad("通过", 12) + "第一个没通过的测试：原因"]
+    ok_all = bool(order)
+    for k in order:
+        r = rows[k]
+        bad = r["n"] - r["ok"] - r["skip"]
+        ok_all &= bad == 0 and r["n"] > 0
+        count = f"{r['ok']}/{r['n']}" + (f"（{r['skip']} 跳过）" if r["skip"] else "")
+        mark = "✓ " if bad == 0 and r["n"] > 0 else "✗ "
+        first = r["first"] or ("没有测试" if not r["n"] else "")
+        lines.append(mark + _pad(r["title"], width) + _pad(count, 12) + first)
+    return "\n".join(lines), ok_all

@@ -1,0 +1,145 @@
+"""自己动手的工作台（python course.py start / check）：每一章现生成一份桩目录，检查
+
+- 桩目录收集测试 0 个错误，收集到的每个测试恰好归一个任务，每个任务至少有一个测试；
+- 每个桩都归一个任务，它的 NotImplementedError 写着这个任务；
+- 每章真跑一个测试：在桩上失败、原因是写着任务号的 NotImplementedError；把参考文件放回去就通过。
+
+每章两个 pytest 进程（收集全部 + 跑一个测试；放回参考文件再跑这一个），CI 里有界。
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.harness.course import load_manifest
+from tests.harness.tasks import chapter_of_test, load_tasks, match
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tools"))
+import stubs  # noqa: E402
+
+CHECKPOINTS = load_manifest()
+
+
+def _pytest(ws: Path, tag: str, tmp: Path, *args: str) -> tuple[dict, list[str], str]:
+    out = tmp / f"progress-{len(list(tmp.glob('progress-*')))}.json"
+    env = dict(os.environ, MINISGL_PROGRESS=str(out), OMP_NUM_THREADS="1")
+    res = subprocess.run([sys.executable, "-m", "pytest", "tests", "-q", "-p", "no:cacheprovider", "-p",
+                          "tests.harness.progress", "--checkpoint", str(ws), "--as", tag, *args],
+                         cwd=ROOT, env=env, capture_output=True, text=True)
+    results = json.loads(out.read_text()) if out.exists() else {}
+    collected = json.loads(Path(str(out) + ".collected").read_text()) if out.exists() else []
+    return results, collected, res.stdout[-3000:] + res.stderr[-2000:]
+
+
+def _probe(chapter: int) -> tuple[str, str]:
+    """每章真跑的那个测试：tests/chN/ 里第一个 test_task1_ 函数（第 0 步：test_cli.py 的第一个测试）。"""
+    files = sorted((ROOT / "tests" / f"ch{chapter}").glob("test_*.py")) if chapter else \
+        [ROOT / "tests" / "checkpoint" / "test_cli.py"]
+    for f in files:
+        for node in ast.parse(f.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("test_task1_" if chapter else "test_"):
+                return f.relative_to(ROOT).as_posix(), node.name
+    raise AssertionError(f"第 {chapter} 章没有 test_task1_ 测试")
+
+
+@pytest.mark.parametrize("ck", CHECKPOINTS, ids=lambda c: c.name)
+def test_stub_workspace(ck, tmp_path):
+    tag = ck.name.split("_")[0]
+    tasks = load_tasks()
+    mine = tasks.get(ck.chapter, [])
+    assert mine, f"tests/tasks.toml 里没有第 {ck.chapter} 章的任务"
+    ws = tmp_path / f"my_{tag}"
+    made = stubs.make_workspace(ck, ws)
+
+    # 每个桩归一个任务，桩里的消息写着它
+    for s in made:
+        hits = match(mine, s.key, "symbols")
+        assert len(hits) == 1, f"{s.key} 归属的任务不唯一：{[t.label for t in hits]}（tests/tasks.toml 的 symbols）"
+    for rel in {s.file for s in made}:
+        tree = ast.parse((ws / rel).read_text(encoding="utf-8"))
+        raised = {ast.literal_eval(n.exc.args[0]) for n in ast.walk(tree)
+                  if isinstance(n, ast.Raise) and isinstance(n.exc, ast.Call) and getattr(n.exc.func, "id", "")
+                  == "NotImplementedError"}
+        for s in (s for s in made if s.file == rel):
+            assert any(m.startswith(f"{s.task.label}：{s.qualname}") for m in raised), f"{s.key} 的桩没写任务号"
+
+    # 一个进程里：收集全部（0 个错误、每个测试恰好一个任务），用 -k 只跑本章的一个测试
+    probe_file, name = _probe(ck.chapter)
+    results, collected, out = _pytest(ws, tag, tmp_path, "-k", name)
+    errors = {k: v for k, v in results.items() if v["outcome"] == "error"}
+    assert collected and not errors, f"桩目录收集出错：{errors}\n{out}"
+    for nodeid in collected:
+        own = tasks.get(chapter_of_test(nodeid, ck.chapter), [])
+        hits = match(own, nodeid.split("[")[0], "tests")
+        assert len(hits) == 1, f"{nodeid} 归属的任务不唯一：{[t.label for t in hits]}（tests/tasks.toml 的 tests）"
+    for t in mine:
+        assert any(match(mine, n.split("[")[0], "tests") == [t] for n in collected
+                   if chapter_of_test(n, ck.chapter) == ck.chapter), f"{t.label} 没有测试"
+    ran = {k: v for k, v in results.items() if k.startswith(f"{probe_file}::{name}")}
+    assert ran and all(v["outcome"] == "failed" for v in ran.values()), f"{name} 在桩上没有失败：\n{out}"
+    for v in ran.values():
+        assert v["reason"].startswith(f"NotImplementedError: 第 {ck.chapter} 章 · 任务 "), v["reason"]
+
+    for rel in stubs.changes(ck):  # 放回参考文件
+        if (ck.path / rel).exists():
+            shutil.copyfile(ck.path / rel, ws / rel)
+    results, _, out = _pytest(ws, tag, tmp_path, probe_file, "-k", name)
+    again = {k: v for k, v in results.items() if k in ran}
+    assert again.keys() == ran.keys() and all(v["outcome"] == "passed" for v in again.values()), \
+        f"放回参考文件后 {name} 还是没通过：\n{out}"
+
+
+def test_start_refuses_an_existing_directory(tmp_path):
+    ws = tmp_path / "mine"
+    ws.mkdir()
+    (ws / "keep.txt").write_text("读者的东西")
+    with pytest.raises(FileExistsError, match="已经存在"):
+        stubs.make_workspace(CHECKPOINTS[4], ws)
+    assert (ws / "keep.txt").read_text() == "读者的东西"
+
+
+def test_progress_table_counts_and_names_the_first_failure():
+    from tests.harness.tasks import progress_table
+
+    results = {
+        "tests/ch4/test_kv_pool.py::test_task1_shapes_dtype_device": {"outcome": "failed", "reason": "boom"},
+        "tests/ch4/test_kv_pool.py::test_task1_many_stores_never_reallocate": {"outcome": "passed", "reason": ""},
+        "tests/ch1/test_core.py::test_task1_batch_properties": {"outcome": "passed", "reason": ""},
+        "tests/elsewhere/test_x.py::test_x": {"outcome": "passed", "reason": ""},
+    }
+    table, ok = progress_table(results, 4)
+    assert not ok
+    assert "1/2" in table and "test_task1_shapes_dtype_device：boom" in table
+    assert "第 1 章的测试（回归）" in table and "未归类" in table
+    ok_results = {k: {"outcome": "passed", "reason": ""} for k in list(results)[:3]}
+    assert progress_table(ok_results, 4)[1] is False  # 任务 2~4 没有测试，不算全部通过
+
+
+def test_details_are_capped_keeping_head_and_tail():
+    from run_tests import capped
+
+    out = "FIRST FAILURE\n" + "x" * 50000 + "\nshort test summary"
+    kept = capped(out, 4000)
+    assert len(kept) < 4200 and kept.startswith("FIRST FAILURE") and kept.endswith("short test summary")
+
+
+def test_progress_table_prefers_the_failure_naming_its_own_task():
+    from tests.harness.tasks import progress_table
+
+    results = {
+        "tests/ch4/test_kv_pool.py::test_task1_a": {"outcome": "failed",
+                                                    "reason": "NotImplementedError: 第 4 章 · 任务 2：step"},
+        "tests/ch4/test_kv_pool.py::test_task1_b": {"outcome": "failed",
+                                                    "reason": "NotImplementedError: 第 4 章 · 任务 1：MHAKVCache"},
+    }
+    table, _ = progress_table(results, 4)
+    assert "test_task1_b：NotImplementedError: 第 4 章 · 任务 1" in table and "test_task1_a" not in table

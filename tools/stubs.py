@@ -1,0 +1,197 @@
+"""自己动手的起点：从参考检查点现生成"桩"（AST 变换，不手写，所以和参考代码不会不一致）。
+
+python course.py start ch4 复制上一章的检查点，再把本章新增、修改的文件（checkpoints.toml 的 changes）写成桩：
+签名、类型注解、docstring（含形状约定）、模块级的 import 和常量、类的字段都原样保留，函数体换成
+raise NotImplementedError("第 4 章 · 任务 K：名字")。哪些函数体保留：
+
+- 只有 ... / pass 的（抽象方法、协议）：它们本来就没有实现；
+- 只把参数存成属性的 __init__：脚手架，不是本章要学的；
+- 函数体和上一章同一文件里的同名函数一模一样（只改了签名也算）：上一章已经写过；
+- tests/tasks.toml 的 keep（命令行解析）：测试要靠它驱动，和本章的想法无关。
+
+私有的小函数也做成桩：保留它就等于送了一半答案，删掉又会让调用它的桩失去提示；名字本身就是建议的拆法。
+"""
+
+from __future__ import annotations
+
+import ast
+import fnmatch
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from tests.harness.course import Checkpoint, checkpoint_files, load_manifest  # noqa: E402
+from tests.harness.tasks import Task, keep_symbols, load_tasks, match  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Stub:
+    file: str  # 检查点里的相对路径
+    qualname: str  # Class.method 或 function
+    node: ast.FunctionDef | ast.AsyncFunctionDef
+    task: Task | None  # None：tasks.toml 里没人管它（测试会报）
+    changed: bool  # 上一章有同名函数、但函数体变了
+
+    @property
+    def key(self) -> str:
+        return f"{self.file}:{self.qualname}"
+
+
+def previous(ck: Checkpoint) -> Checkpoint | None:
+    names = [c.name for c in load_manifest()]
+    i = names.index(ck.name)
+    return load_manifest()[i - 1] if i > 0 else None
+
+
+def changes(ck: Checkpoint) -> list[str]:
+    """本章要写的文件：清单里的 changes；第 0 步没有上一章，它的全部文件都是。"""
+    return ck.changes if previous(ck) else sorted(checkpoint_files(ck.path))
+
+
+def _functions(tree: ast.AST, prefix: str = ""):
+    """模块和类里的函数（不进函数体：嵌套函数跟着外层函数一起变成桩）。"""
+    for node in getattr(tree, "body", []):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield prefix + node.name, node
+        elif isinstance(node, ast.ClassDef):
+            yield from _functions(node, f"{prefix}{node.name}.")
+
+
+def _body(node) -> list[ast.stmt]:
+    body = node.body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+            and isinstance(body[0].value.value, str):
+        body = body[1:]
+    return body
+
+
+def _is_empty(node) -> bool:
+    return all(isinstance(s, ast.Pass) or (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant)
+                                            and s.value.value is Ellipsis) for s in _body(node))
+
+
+def _only_stores(node) -> bool:
+    """__init__ 只有 self.x = 参数 / 常量 这种赋值。"""
+    if node.name != "__init__":
+        return False
+    for s in _body(node):
+        targets = s.targets if isinstance(s, ast.Assign) else [s.target] if isinstance(s, ast.AnnAssign) else None
+        if targets is None or not all(isinstance(t, ast.Attribute) for t in targets):
+            return False
+        if not isinstance(s.value, (ast.Name, ast.Constant)):
+            return False
+    return True
+
+
+def _dump(node) -> str:
+    return "\n".join(ast.dump(s) for s in _body(node))
+
+
+def find_stubs(ck: Checkpoint) -> list[Stub]:
+    """这一章要读者自己写的函数，按文件、行号排序。"""
+    prev = previous(ck)
+    old_files = checkpoint_files(prev.path) if prev else {}
+    old: dict[str, set[str]] = {}  # 上一章任何文件里的同名函数（文件可能搬了家：skeleton.py -> model.py）
+    same_file: set[str] = set()  # 上一章同一个文件里的 "文件:符号"：桩里提示"改写旧版本"
+    for f, data in old_files.items():
+        if f.endswith(".py"):
+            for q, n in _functions(ast.parse(data.decode())):
+                old.setdefault(q, set()).add(_dump(n))
+                same_file.add(f"{f}:{q}")
+    tasks = load_tasks().get(ck.chapter, [])
+    keep = keep_symbols()
+    out = []
+    for rel in changes(ck):
+        path = ck.path / rel
+        if not rel.endswith(".py") or not path.exists():
+            continue
+        for qual, node in _functions(ast.parse(path.read_text(encoding="utf-8"))):
+            key = f"{rel}:{qual}"
+            if _is_empty(node) or _only_stores(node) or any(fnmatch.fnmatchcase(key, k) for k in keep):
+                continue
+            if _dump(node) in old.get(qual, ()):
+                continue
+            hits = match(tasks, key, "symbols")
+            out.append(Stub(rel, qual, node, hits[0] if len(hits) == 1 else None, key in same_file))
+    return out
+
+
+def stub_source(source: str, stubs: list[Stub], prev_name: str | None) -> str:
+    """把 stubs 里每个函数的函数体（docstring 之后）换成一行 raise NotImplementedError。"""
+    lines = source.splitlines(keepends=True)
+    offsets = [0]
+    for line in lines:
+        offsets.append(offsets[-1] + len(line))
+    edits = []
+    for s in stubs:
+        body = _body(s.node)
+        label = s.task.label if s.task else "第 ? 章 · 任务 ?"
+        hint = f"（上一章 {prev_name} 里有旧版本，改写它）" if s.changed and prev_name else ""
+        raise_ = f"raise NotImplementedError({f'{label}：{s.qualname}{hint}'!r})"
+        end = offsets[body[-1].end_lineno - 1] + _char_col(lines[body[-1].end_lineno - 1], body[-1].end_col_offset)
+        start = offsets[body[0].lineno - 1] + _char_col(lines[body[0].lineno - 1], body[0].col_offset)
+        edits.append((start, end, raise_))
+    for start, end, text in sorted(edits, reverse=True):
+        source = source[:start] + text + source[end:]
+    return source
+
+
+def _char_col(line: str, byte_col: int) -> int:
+    """ast 的列号按 UTF-8 字节算；换成字符下标。"""
+    return len(line.encode()[:byte_col].decode())
+
+
+def make_workspace(ck: Checkpoint, dest: Path) -> list[Stub]:
+    """复制上一章的检查点，删掉本章删除的文件，写入本章新增、修改的文件（Python 函数体换成桩）。"""
+    if dest.exists():
+        raise FileExistsError(f"{dest} 已经存在：不覆盖，换个目录名，或者先把它移走")
+    prev = previous(ck)
+    dest.mkdir(parents=True)
+    if prev is not None:
+        for rel, data in checkpoint_files(prev.path).items():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            (dest / rel).write_bytes(data)
+    stubs = find_stubs(ck)
+    for rel in changes(ck):
+        src, dst = ck.path / rel, dest / rel
+        if not src.exists():
+            dst.unlink(missing_ok=True)
+            continue
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if rel.endswith(".py"):
+            mine = [s for s in stubs if s.file == rel]
+            dst.write_text(stub_source(src.read_text(encoding="utf-8"), mine, prev.name if prev else None),
+                           encoding="utf-8")
+        else:
+            shutil.copyfile(src, dst)
+    return stubs
+
+
+def _signature(s: Stub) -> str:
+    """构造函数写成 Class(...)，方法去掉 self。"""
+    n = s.node
+    args = ast.unparse(n.args)
+    if "." in s.qualname and args.split(",")[0].strip() in ("self", "cls"):
+        args = args.split(",", 1)[1].strip() if "," in args else ""
+    ret = f" -> {ast.unparse(n.returns)}" if n.returns and s.node.name != "__init__" else ""
+    name = s.qualname.removesuffix(".__init__")
+    if any(ast.unparse(d) == "property" for d in n.decorator_list):
+        return f"{name}{ret}（属性）"
+    return f"{name}({args}){ret}"
+
+
+def interface_table(ck: Checkpoint) -> str:
+    """本章要写的公开接口（名字不以 _ 开头，__init__ 除外），按任务分组的 Markdown 表。"""
+    rows = ["| 任务 | 文件 | 接口 | 说明 |", "|---|---|---|---|"]
+    for s in sorted(find_stubs(ck), key=lambda s: s.task.number if s.task else 99):
+        if any(part.startswith("_") and part != "__init__" for part in s.qualname.split(".")):
+            continue
+        doc = (ast.get_docstring(s.node) or "").strip().splitlines()
+        sig = _signature(s).replace("|", "\\|")
+        task = f"{s.task.number}" if s.task else "?"
+        line = (doc[0] if doc else "").replace("|", "\\|")
+        rows.append(f"| {task} | `{s.file}` | `{sig}` | {line} |")
+    return "\n".join(rows)
