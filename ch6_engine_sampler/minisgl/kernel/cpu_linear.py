@@ -141,7 +141,8 @@ def _plan(weights: list[torch.Tensor], rows: list[int], kernel: str | None, can_
         if size >= SAMPLE_BYTES:
             break
     flush = torch.ones(SAMPLE_BYTES // 4) if size < SAMPLE_BYTES else torch.empty(0)  # 样本太小：每次先冲掉缓存
-    cands: dict[str, tuple[Callable, list[torch.Tensor]]] = {"F.linear": (F.linear, sample), "onednn": (_onednn, sample)}
+    cands: dict[str, tuple[Callable, list[torch.Tensor]]] = {"F.linear": (F.linear, sample),
+                                                             "onednn": (_onednn, sample)}
     if can_pack:
         cands.update({f"packed/{r}": (linear, [pack(w, r) for w in sample]) for r in rows})
     xs = {n: torch.randn(n, sample[0].shape[1]) for n in rows}
@@ -163,3 +164,33 @@ def _plan(weights: list[torch.Tensor], rows: list[int], kernel: str | None, can_
     if best and packed[best] < plain * (1 - MARGIN):
         return {}, best, ms
     return per_row, 0, ms
+
+
+def prepare_model(model: object, rows: Sequence[int], **kwargs) -> dict[tuple[int, int], str]:
+    """Engine 加载完权重后调一次：找出模型里所有线性层和 LM head，交给 prepare_linear_weights。
+    和词嵌入共用权重的 LM head 只选核、不换布局（查词表要普通布局）。"""
+    from minisgl.layers.embedding import ParallelLMHead
+    from minisgl.layers.linear import _LinearTPImpl
+
+    owners, keep = [], []
+    for op in _walk(model):
+        if isinstance(op, _LinearTPImpl) or (isinstance(op, ParallelLMHead) and op._tied is None):
+            owners.append(op)
+        elif isinstance(op, ParallelLMHead):
+            keep.append(op._tied.weight)
+    return prepare_linear_weights(owners, rows, keep_layout=keep, **kwargs)
+
+
+def _walk(op: object, seen: set[int] | None = None) -> Iterable[object]:
+    """按属性（和 OPList 的列表）把算子树走一遍；下划线开头的属性是借来的，不走。"""
+    seen = set() if seen is None else seen
+    if id(op) in seen or not hasattr(op, "__dict__"):
+        return
+    seen.add(id(op))
+    yield op
+    for name, value in vars(op).items():
+        if name.startswith("_") or isinstance(value, torch.Tensor):
+            continue
+        for child in value if isinstance(value, list) else [value]:
+            if hasattr(child, "forward"):
+                yield from _walk(child, seen)
