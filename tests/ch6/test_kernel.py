@@ -174,3 +174,26 @@ def test_env_var_forces_the_kernel(kernel, monkeypatch):
     owners = [Owner(w) for w in _weights()]
     assert set(kernel.prepare_linear_weights(owners, rows=[1, 4], min_bytes=0).values()) == {"F.linear"}
     assert not kernel.report[(160, 96)]["ms"]  # 没量
+
+
+@pytest.mark.parametrize("name", ["qwen3-tied", "qwen3-untied"])
+def test_prepare_model_finds_every_linear_and_keeps_the_tied_table(kernel, tiny_models, name):
+    """prepare_model 走遍模型：每个线性层和不绑定的 LM head 都换成重排布局（forced packed），
+    绑定时词嵌入（也是 LM head 的权重）原样保留；换过的每个权重经 linear() 算出来和原来的 F.linear 一样。"""
+    if not kernel.ONEDNN:
+        return _check_fallback(kernel, None)
+    from tests.ch3.common import build_meta, config_of, load_into
+
+    model = build_meta(config_of(tiny_models[name]))
+    load_into(model, tiny_models[name])
+    before = dict(model.state_dict())
+    kernel.prepare_model(model, rows=[1, 4], kernel="packed")
+    after = model.state_dict()
+    linear_keys = [k for k, w in before.items() if w.dim() == 2 and "embed_tokens" not in k]
+    assert any("lm_head" in k for k in linear_keys) == (name == "qwen3-untied")
+    assert linear_keys and all(after[k].is_mkldnn for k in linear_keys), "有线性层没被找到"
+    emb = "model.embed_tokens.weight"
+    assert after[emb] is before[emb] and not after[emb].is_mkldnn  # 查词表要普通布局
+    for k in linear_keys + ([emb] if name == "qwen3-tied" else []):
+        x = torch.randn(3, before[k].shape[1])
+        torch.testing.assert_close(kernel.linear(x, after[k]), F.linear(x, before[k]), **TIGHT)
