@@ -268,14 +268,16 @@ def render(results: dict[str, Timing], meta: dict[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def kernel_summary() -> str:
+def kernel_summary(model) -> str:
     """Engine 加载时 minisgl.kernel 给每种形状选了什么；这一版的 Engine 还没用它时照实说。"""
     try:
         from minisgl import kernel
     except ImportError:
-        return "这一版的 Engine 没有 minisgl.kernel"
-    if not kernel.report:
-        return "全用 F.linear（权重太小不量，或 Engine 没有调 prepare_linear_weights）"
+        kernel = None
+    if kernel is None or not kernel.report:
+        if any(t.is_mkldnn for t in model.state_dict().values()):
+            return "层里自带的 oneDNN 重排布局（没有经过 minisgl.kernel 的测量）"
+        return "全用 F.linear（权重太小不量，或 Engine 没有调 minisgl.kernel）"
     return "；".join(f"{o}×{i} → {r['layout']}" for (o, i), r in kernel.report.items())
 
 
@@ -336,8 +338,8 @@ def main() -> None:
     with PeakRSS() as rss:
         milestone = Milestone(path, page_size=1)
     load_seconds = time.perf_counter() - t0
-    kernels = kernel_summary()
     engine = milestone.engine
+    kernels = kernel_summary(engine.model)
     weights = sum(t.numel() * t.element_size() for t in engine.model.state_dict().values())  # 绑定的词嵌入只算一次
     kv = 2 * engine.kv_cache.num_layers * engine.kv_cache.k_cache(0).numel() * engine.kv_cache.dtype.itemsize
     results = {"floor": Timing(), "skeleton": Timing(), "hf": Timing(), "engine": Timing()}

@@ -174,10 +174,14 @@ def prepare_model(model: object, rows: Sequence[int], **kwargs) -> dict[tuple[in
 
     owners, keep = [], []
     for op in _walk(model):
-        if isinstance(op, _LinearTPImpl) or (isinstance(op, ParallelLMHead) and op._tied is None):
+        if isinstance(op, ParallelLMHead):
+            tied = getattr(op, "tied_embedding", getattr(op, "_tied", None))  # 第 2 章改名前叫 _tied
+            if tied is None:
+                owners.append(op)
+            else:
+                keep.append(tied.weight)
+        elif isinstance(op, _LinearTPImpl):
             owners.append(op)
-        elif isinstance(op, ParallelLMHead):
-            keep.append(op._tied.weight)
     return prepare_linear_weights(owners, rows, keep_layout=keep, **kwargs)
 
 
