@@ -44,6 +44,7 @@ def _onednn(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> 
     return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
 
 
+# --8<-- [start:linear]
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
     """x: (N, in)，w: (out, in)，b: (out,) 或 None -> (N, out)。按 prepare_linear_weights 量好的选择走。"""
     if w.is_mkldnn:
@@ -56,6 +57,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> t
         if _choice.get((out, inp, min(x.shape[0], _max_rows.get((out, inp), 0)))) == "onednn":
             return _onednn(x, w, b)
     return F.linear(x, w, b)
+# --8<-- [end:linear]
 
 
 def run_kernel(kernel: str, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
