@@ -132,7 +132,7 @@ def test_slots_are_unique_and_inside_the_pool(engine, lens, steps):
     assert sorted(cache.free_slots) == [p * ps for p in range(engine.num_pages)]
 
 
-# ---------------------------------------------------------------- 一整轮：prepare_batch → forward_batch → process_output
+# ---------------------------------------------------------------- 一整轮：prepare_batch → forward → process_output
 
 def test_round_trip_returns_logits_and_frees_rows(engine):
     table, cache = managers(engine)
