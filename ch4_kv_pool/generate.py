@@ -25,6 +25,8 @@ from minisgl.kvcache import create_kvcache_pool
 from minisgl.models import BaseLLMModel, ModelConfig, create_model, load_hf_config, load_weight
 from minisgl.utils import div_ceil, torch_dtype
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -44,6 +46,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error("--num-pages 和 --max-seq-len 给了就必须是正整数")
     if not os.path.isfile(os.path.join(args.model, "config.json")):
         ap.error(f"--model {args.model}：找不到 {os.path.join(args.model, 'config.json')}")
+    if not any(os.path.isfile(os.path.join(args.model, f)) for f in TOKENIZER_FILES):
+        ap.error(f"--model {args.model}：没有分词器文件（{'、'.join(TOKENIZER_FILES)} 至少要有一个）")
     if args.dump_logits and os.path.isdir(args.dump_logits):  # 生成完才发现就晚了
         ap.error(f"--dump-logits {args.dump_logits}：这是一个目录，要给文件路径")
     return args
@@ -125,7 +129,7 @@ def check_request_sizes(args: argparse.Namespace, prompt_ids: list[list[int]]) -
     """请求进来之前查一次（主存里的整数）：空提示词、放不下的长度、用不满的页。返回 max_seq_len。"""
     n, ps = args.max_new_tokens, args.page_size
     if empty := [p for p, ids in zip(args.prompt, prompt_ids) if not ids]:
-        sys.exit(f"错误：--prompt {empty[0]!r} 编码后没有 token：提示词至少要有一个 token")
+        sys.exit(f"错误：--prompt {empty[0]!r} 被分词器编码成了 0 个 token：提示词至少要有一个 token")
     need = max(map(len, prompt_ids)) + n
     max_seq_len = args.max_seq_len or need
     if need > max_seq_len:  # 否则它的槽位会超出 page table 的一行
@@ -141,7 +145,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         tok = AutoTokenizer.from_pretrained(args.model)
     except (OSError, ValueError) as e:
-        sys.exit(f"错误：--model {args.model}：读不了分词器（tokenizer.json / tokenizer_config.json）：{e}")
+        sys.exit(f"错误：--model {args.model}：读不了分词器：{e}")
     prompt_ids, n, ps = [tok(p).input_ids for p in args.prompt], args.max_new_tokens, args.page_size
     max_seq_len = check_request_sizes(args, prompt_ids)
     set_tp_info(0, 1)

@@ -37,7 +37,7 @@ ALLOWED_PYTHON = {
 
 
 def _pages() -> list[Path]:
-    """书的页面；docs/snippets/ 里是被 include 的片段、docs/fidelity-notes/ 是素材（mkdocs.yml 的 exclude_docs），不算页面。"""
+    """书的页面；snippets/ 是被 include 的片段、fidelity-notes/ 是素材（mkdocs.yml 的 exclude_docs）。"""
     return sorted(p for p in DOCS.rglob("*.md") if p.relative_to(DOCS).parts[0] not in ("snippets", "fidelity-notes"))
 
 
