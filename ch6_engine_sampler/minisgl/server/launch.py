@@ -12,6 +12,7 @@ import threading
 import time
 from typing import Any, Callable, List
 
+import torch
 import torch.multiprocessing as mp
 
 from minisgl.distributed import DistributedInfo
@@ -52,6 +53,8 @@ def launch_tp(config: EngineConfig, run_rank: Callable[..., Any], *args: Any) ->
     """起 tp 个进程（spawn：CUDA 也能用），每个运行 run_rank(带上自己 rank 的 config, *args)，按 rank 返回结果。
     某个 rank 出错时 join 抛出它的 traceback，并结束其余进程；卡在集合通信上的 rank 最多等 distributed_timeout 秒。"""
     size = config.tp_info.size
+    if torch.cuda.is_available() and size > torch.cuda.device_count():  # 每个 rank 一块卡：cuda:{rank}
+        raise ValueError(f"每个 rank 要一块 GPU，这台机器只有 {torch.cuda.device_count()} 块")
     results = mp.get_context("spawn").Queue()
     ctx = mp.start_processes(_worker, args=(run_rank, config, args, results, os.getpid()), nprocs=size,
                              join=False, start_method="spawn")
