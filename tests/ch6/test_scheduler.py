@@ -72,13 +72,18 @@ def test_add_req_refuses_ids_outside_the_vocab(engine, bad):
 
 
 def test_add_req_states_the_length_rule(engine):
-    """提示词 + max_tokens <= max_seq_len（24）：21 + 4 = 25 被拒绝，20 + 4 = 24 可以。"""
-    table, _ = managers(engine)
+    """提示词 + max_tokens - 1 <= max_seq_len（24）：最后采出的 token 不再前向。
+    22 + 4 - 1 = 25 被拒绝，21 + 4 - 1 = 24 可以，而且真的能跑完：最后一步 device_len 正好是 24。"""
+    table, cache = managers(engine)
     with pytest.raises(ValueError) as e:
-        add_req(engine, table, list(range(21)), SamplingParams(max_tokens=4), uid=1)
-    assert "21" in str(e.value) and "max_tokens=4" in str(e.value) and "max_seq_len=24" in str(e.value)
-    r = add_req(engine, table, list(range(20)), SamplingParams(max_tokens=4), uid=2)
-    assert table.token_pool[r.table_idx, :20].tolist() == list(range(20))
+        add_req(engine, table, list(range(22)), SamplingParams(max_tokens=4), uid=1)
+    assert "22" in str(e.value) and "max_tokens=4 - 1" in str(e.value) and "max_seq_len=24" in str(e.value)
+    r = add_req(engine, table, list(range(21)), SamplingParams(max_tokens=4), uid=2)
+    assert table.token_pool[r.table_idx, :21].tolist() == list(range(21))
+    for phase in ("prefill", "decode", "decode", "decode"):
+        batch = prepare_batch(engine, table, cache, [r], phase)
+        process_output(table, cache, [r], engine.forward_batch(batch, engine.sampler.prepare(batch)))
+    assert r.max_device_len == 25 and not r.can_decode and table.available_size == 3
 
 
 def test_table_rows_run_out_and_free_twice(engine):

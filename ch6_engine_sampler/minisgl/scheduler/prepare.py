@@ -17,15 +17,16 @@ if TYPE_CHECKING:
 
 
 def add_req(engine: Engine, table: TableManager, input_ids: List[int], params: SamplingParams, uid: int) -> Req:
-    """请求进来时查一次（主存里的整数，不在每步前向里查）：空提示词、词表外的 id、放不下的长度。"""
+    """请求进来时查一次（主存里的整数，不在每步前向里查）：空提示词、词表外的 id、放不下的长度。
+    一个请求前向时最多有 提示词 + max_tokens - 1 个位置（引擎逐步查 device_len <= max_seq_len）。"""
     vocab = engine.sampler.vocab_size
     if not input_ids:
         raise ValueError(f"请求 {uid} 的提示词编码后是空的：至少要有一个 token")
     if bad := sorted({t for t in input_ids if not 0 <= t < vocab}):
         raise ValueError(f"请求 {uid} 有词表以外的 token id {bad[:5]}：词表大小 vocab_size={vocab}")
-    if len(input_ids) + params.max_tokens > engine.max_seq_len:
-        raise ValueError(f"请求 {uid} 放不下：提示词 {len(input_ids)} 个 token + max_tokens={params.max_tokens} "
-                         f"= {len(input_ids) + params.max_tokens}，规则是两者之和 <= 引擎的 "
+    if len(input_ids) + params.max_tokens - 1 > engine.max_seq_len:  # 最后采出的 token 不再前向，不占 KV 的位置
+        raise ValueError(f"请求 {uid} 放不下：提示词 {len(input_ids)} 个 token + max_tokens={params.max_tokens} - 1 "
+                         f"= {len(input_ids) + params.max_tokens - 1} 个位置要写 KV，规则是它 <= 引擎的 "
                          f"max_seq_len={engine.max_seq_len}（EngineConfig.max_seq_len 和 KV 池槽位数中较小的那个）")
     req = Req(input_ids=torch.tensor(input_ids, dtype=torch.int32), table_idx=table.allocate(), cached_len=0,
               output_len=params.max_tokens, uid=uid, sampling_params=params, cache_handle=None)
