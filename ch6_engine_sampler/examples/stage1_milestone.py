@@ -107,7 +107,7 @@ def main() -> None:
     print(f"4 个请求一个 batch：prefill {t_prefill4 * 1000:.0f} ms，decode 每步 {t_step4 * 1000:.0f} ms"
           f"（每步 4 个 token，合计 {4 / t_step4:.1f} tokens/s；每步是单请求的 {t_step4 / t_step:.2f} 倍）")
     written = sum(len(tok(p).input_ids) + n - 1 for p in PROMPTS)  # 最后采出的 token 不再前向
-    print(f"KV 池写了 {written} 个槽位（最多同时占 {m.pages_used} / {engine.num_pages} 页）："
+    print(f"KV 池写了 {written} 个槽位（{m.pages_used} / {engine.num_pages} 页，最多同时占用）："
           f"每个 token 只写自己的槽位，历史不复制")
     engine.shutdown()
 

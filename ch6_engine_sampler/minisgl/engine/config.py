@@ -41,7 +41,7 @@ class EngineConfig:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"EngineConfig.{name}={value!r}：必须是正整数")
         if self.num_page_override is not None and self.num_page_override < self.max_running_req:
-            raise ValueError(f"EngineConfig.num_page_override={self.num_page_override} 页的 KV 池太小："
+            raise ValueError(f"EngineConfig.num_page_override={self.num_page_override}（--num-pages）页的 KV 池太小："
                              f"max_running_req={self.max_running_req} 个请求每个至少要一页")
         if not 0.0 < self.memory_ratio <= 1.0:
             raise ValueError(f"EngineConfig.memory_ratio={self.memory_ratio!r}：应当在 (0, 1] 里")

@@ -27,7 +27,8 @@ def add_req(engine: Engine, table: TableManager, input_ids: List[int], params: S
     if len(input_ids) + params.max_tokens - 1 > engine.max_seq_len:  # 最后采出的 token 不再前向，不占 KV 的位置
         raise ValueError(f"请求 {uid} 放不下：提示词 {len(input_ids)} 个 token + max_tokens={params.max_tokens} - 1 "
                          f"= {len(input_ids) + params.max_tokens - 1} 个位置要写 KV，规则是它 <= 引擎的 "
-                         f"max_seq_len={engine.max_seq_len}（EngineConfig.max_seq_len 和 KV 池槽位数中较小的那个）")
+                         f"max_seq_len={engine.max_seq_len}（EngineConfig.max_seq_len 和 KV 池槽位数 "
+                         f"--num-pages × --page-size 中较小的那个）")
     req = Req(input_ids=torch.tensor(input_ids, dtype=torch.int32), table_idx=table.allocate(), cached_len=0,
               output_len=params.max_tokens, uid=uid, sampling_params=params, cache_handle=None)
     table.token_pool[req.table_idx, :req.device_len] = req.input_ids.to(table.token_pool.device)
