@@ -24,29 +24,26 @@ from minisgl.kvcache import create_kvcache_pool
 from minisgl.models import BaseLLMModel, ModelConfig, create_model, load_hf_config, load_weight
 from minisgl.utils import div_ceil, load_tokenizer, torch_dtype
 
-PAGED = True  # 从本章起有分页 KV
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="models/Qwen3-0.6B", help="Hugging Face 格式的模型目录")
     ap.add_argument("--prompt", action="append", help="可以给多次；默认一个英文句子")
     ap.add_argument("--max-new-tokens", type=int, default=16)
-    ap.add_argument("--page-size", type=int, default=1)
+    ap.add_argument("--page-size", type=int, default=1, help="一页几个槽位；不超过 --max-seq-len")
     ap.add_argument("--json", action="store_true", help="最后一行输出 {\"outputs\": [[token id...], ...]}")
     ap.add_argument("--dump-logits", help="把每一步的 logits 存成 safetensors（测试报告不一致时用）")
     ap.add_argument("--num-pages", type=int, help="KV 池的页数；默认正好够用")
-    ap.add_argument("--max-seq-len", type=int, help="page table 一行最多几个位置；默认最长提示词 + 生成长度")
+    ap.add_argument("--max-seq-len", type=int, help="一个请求最多几个位置；默认最长提示词 + 生成长度")
     args = ap.parse_args(argv)
     args.prompt = args.prompt or ["The capital of France is"]
-    if not PAGED and args.page_size != 1:
-        ap.error(f"--page-size {args.page_size}：这一章还没有分页 KV，只能是 1（分页 KV 从第 4 章开始）")
     if args.page_size < 1 or args.max_new_tokens < 1:
         ap.error("--page-size 和 --max-new-tokens 都必须是正整数")
     if any(v is not None and v < 1 for v in (args.num_pages, args.max_seq_len)):
         ap.error("--num-pages 和 --max-seq-len 给了就必须是正整数")
     if not os.path.isfile(os.path.join(args.model, "config.json")):
         ap.error(f"--model {args.model}：找不到 {os.path.join(args.model, 'config.json')}")
+    if args.dump_logits and os.path.isdir(args.dump_logits):  # 生成完才发现就晚了
+        ap.error(f"--dump-logits {args.dump_logits}：这是一个目录，要给文件路径")
     return args
 
 
@@ -80,10 +77,7 @@ def allocate(req: Req, slots: Slots) -> None:
     """给 req 这一步要写 KV 的位置 [cached_len, device_len) 配上槽位：一页用完才拿下一页。
     空闲页从尾部拿，几个请求交替增长，拿到的页自然不连续——page table 才真的有用。"""
     ctx = get_global_ctx()
-    ps, width = ctx.page_size, ctx.page_table.shape[1]
-    if req.device_len > width:
-        raise ValueError(f"请求 {req.uid} 需要 {req.device_len} 个位置，"
-                         f"page table 一行只有 {width} 个（--max-seq-len）")
+    ps = ctx.page_size
     for page_idx in range(div_ceil(req.cached_len, ps), div_ceil(req.device_len, ps)):
         if not slots.free_pages:
             raise RuntimeError(f"KV 池的页用完了：请求 {req.uid} 还需要它的第 {page_idx} 页（--num-pages）")
@@ -125,29 +119,40 @@ def generate(model: BaseLLMModel, prompt_ids: list[list[int]], n: int, slots: Sl
     return outs, [torch.stack([lg[i] for lg in logits_seen]) for i in range(len(reqs))]
 
 
+def check_request_sizes(args: argparse.Namespace, prompt_ids: list[list[int]]) -> int:
+    """请求进来之前查一次（主存里的整数）：空提示词、放不下的长度、用不满的页。返回 max_seq_len。"""
+    n, ps = args.max_new_tokens, args.page_size
+    if empty := [p for p, ids in zip(args.prompt, prompt_ids) if not ids]:
+        sys.exit(f"错误：--prompt {empty[0]!r} 被分词器编码成了 0 个 token：提示词至少要有一个 token")
+    need = max(map(len, prompt_ids)) + n
+    max_seq_len = args.max_seq_len or need
+    if need > max_seq_len:  # 否则它的槽位会超出 page table 的一行
+        sys.exit(f"错误：最长的提示词 {need - n} 个 token + --max-new-tokens {n} = {need}，"
+                 f"超过了 --max-seq-len {max_seq_len}（规则：提示词 token 数 + --max-new-tokens <= --max-seq-len）")
+    if ps > max_seq_len:
+        sys.exit(f"错误：--page-size {ps} 大于 --max-seq-len {max_seq_len}：一页里多出来的槽位没有请求用得到")
+    return max_seq_len
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     try:
         tok = load_tokenizer(args.model)
-    except FileNotFoundError as e:
-        sys.exit(f"错误：{e}")
-    empty = [p for p in args.prompt if not tok(p).input_ids]
-    if empty:  # prefill 至少要一个 token；空 prompt 只有带 BOS 的分词器才编码得出东西
-        sys.exit(f"错误：--prompt {empty[0]!r} 编码后一个 token 也没有：给一个非空的 prompt")
+    except (OSError, ValueError) as e:  # 缺分词器文件是 FileNotFoundError，也是 OSError
+        sys.exit(f"错误：--model {args.model}：读不了分词器：{e}")
+    prompt_ids, n, ps = [tok(p).input_ids for p in args.prompt], args.max_new_tokens, args.page_size
+    max_seq_len = check_request_sizes(args, prompt_ids)
     set_tp_info(0, 1)
     ctx = Context(page_size=args.page_size)
     set_global_ctx(ctx)
     try:
         model, config = load_model(args.model)
-        prompt_ids, n, ps = [tok(p).input_ids for p in args.prompt], args.max_new_tokens, args.page_size
-        need = max(map(len, prompt_ids)) + n
-        max_seq_len = args.max_seq_len or need
-        if need > max_seq_len:  # 请求进来之前就拒绝：它的槽位会超出 page table 的一行
-            sys.exit(f"错误：最长的请求要 {need} 个位置（提示词 + --max-new-tokens），"
-                     f"超过了 --max-seq-len {max_seq_len}")
         if max_seq_len > config.rotary_config.max_position:
             raise ValueError(f"最长序列 {max_seq_len} 超过了模型的 max_position_embeddings "
                              f"{config.rotary_config.max_position}")
+        if bad := sorted({t for ids in prompt_ids for t in ids if t >= config.vocab_size}):
+            raise ValueError(f"分词器给出了词表以外的 token id {bad[:5]}："
+                             f"config.json 的 vocab_size={config.vocab_size}")
         # 每个请求最多写 len + n - 1 个位置的 KV（最后采出的那个 token 不再前向），按页向上取整
         num_pages = args.num_pages
         if num_pages is None:
@@ -160,6 +165,8 @@ def main(argv: list[str] | None = None) -> None:
             t0 = time.perf_counter()
             outs, logits = generate(model, prompt_ids, n, slots)
             seconds = time.perf_counter() - t0
+    except (ValueError, RuntimeError, OSError) as e:  # 和 --tp N 一样只说原因，不打印回溯
+        sys.exit(f"错误：{e}")
     finally:
         reset_global_ctx()
         reset_tp_info()

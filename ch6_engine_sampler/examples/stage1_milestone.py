@@ -1,7 +1,8 @@
 """阶段一的里程碑：和第 0 步同样的提示词、同样的 16 个 token，只是骨架已经换成了正式结构。
 
 两件事要看：单个请求的速度（正式结构在这里不占便宜），以及骨架做不到的——4 个请求放进一个 batch，
-每一步一起算。没有调度器：batch 的字段由下面的 step() 手工填，那几行正是阶段二要自动化的。
+每一步一起算。没有调度器：每一步由 minisgl.scheduler 的三个角色手工完成（TableManager 给行、CacheManager
+给页、prepare_batch 填 batch），和 generate.py 用的是同一套，正是阶段二要自动化的那几行。
 
     python examples/stage1_milestone.py                  # 有 models/Qwen3-0.6B 就用它，否则用离线小模型
     python examples/stage1_milestone.py --page-size 4    # 第 4 章的练习：输出不变
@@ -19,14 +20,15 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # 在检查点目录里直接运行也能 import minisgl
-from minisgl.core import Batch, Req, SamplingParams  # noqa: E402
+from minisgl.core import SamplingParams  # noqa: E402
 from minisgl.distributed import DistributedInfo  # noqa: E402
 from minisgl.engine import Engine, EngineConfig  # noqa: E402
+from minisgl.scheduler import CacheManager, TableManager, add_req, prepare_batch, process_output  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 REAL = ROOT / "models" / "Qwen3-0.6B"
 PROMPTS = ["The capital of France is", "List three prime numbers:", "def fibonacci(n):", "Once upon a time,"]
-ROW = 256  # page table 每行手工分给一个请求的槽位数
+MAX_SEQ_LEN = 256  # 一个请求最多几个位置
 
 
 def pick_model(arg: str | None) -> str:
@@ -49,46 +51,27 @@ class Milestone:
     def __init__(self, path: str, page_size: int) -> None:
         self.engine = Engine(EngineConfig(model_path=path, tp_info=DistributedInfo(0, 1), dtype=torch.float32,
                                           max_running_req=4, page_size=page_size, num_page_override=1024,
-                                          max_seq_len_override=ROW))
+                                          max_seq_len_override=MAX_SEQ_LEN))
         self.tok = AutoTokenizer.from_pretrained(path)
-        self.slots_written: set[int] = set()
-
-    def make_reqs(self, prompts: list[str], n: int) -> list[Req]:
-        reqs = []
-        for row, p in enumerate(prompts):
-            self.engine.page_table[row, :ROW] = torch.arange(row * ROW, (row + 1) * ROW)  # 手工"分配"槽位
-            reqs.append(Req(input_ids=torch.tensor(self.tok(p).input_ids, dtype=torch.int32), table_idx=row,
-                            cached_len=0, output_len=n, uid=row, sampling_params=SamplingParams(max_tokens=n),
-                            cache_handle=None))
-        return reqs
-
-    def step(self, reqs: list[Req], phase: str) -> list[int]:
-        """没有调度器：自己填 batch 的字段，前向 + 采样，再把新 token 接回每个请求。"""
-        engine = self.engine
-        batch = Batch(reqs=reqs, phase=phase)
-        engine.graph_runner.pad_batch(batch)
-        dev = engine.device  # GPU 上 batch 的字段要在引擎的设备上；CPU 上 .to 什么也不做
-        batch.positions = torch.cat([torch.arange(r.cached_len, r.device_len) for r in reqs]).to(dev, torch.int32)
-        batch.input_ids = torch.cat([r.input_ids[r.cached_len:r.device_len] for r in reqs]).to(dev)
-        batch.out_loc = torch.cat([engine.page_table[r.table_idx, r.cached_len:r.device_len] for r in reqs])
-        self.slots_written.update(batch.out_loc.tolist())
-        engine.attn_backend.prepare_metadata(batch)
-        out = engine.forward_batch(batch, engine.sampler.prepare(batch))
-        out.copy_done_event.synchronize()
-        for i, r in enumerate(reqs):
-            r.append_host(out.next_tokens_cpu[i:i + 1])
-        return out.next_tokens_cpu.tolist()
+        self.pages_used = 0  # 最多时 KV 池用了几页
 
     def generate(self, prompts: list[str], n: int) -> tuple[list[list[int]], float, float]:
         """返回每个请求的 n 个 token、prefill 用时、decode 平均每步用时。"""
-        reqs = self.make_reqs(prompts, n)
-        t0 = time.perf_counter()
-        outs = [[t] for t in self.step(reqs, "prefill")]
-        t1 = time.perf_counter()
-        for _ in range(n - 1):
-            for out, t in zip(outs, self.step(reqs, "decode")):
-                out.append(t)
-        return outs, t1 - t0, (time.perf_counter() - t1) / (n - 1)
+        engine = self.engine
+        table = TableManager(engine.config.max_running_req, engine.page_table)
+        cache = CacheManager(engine.num_pages, engine.config.page_size, engine.page_table)
+        reqs = [add_req(engine, table, self.tok(p).input_ids, SamplingParams(max_tokens=n), uid)
+                for uid, p in enumerate(prompts)]
+        times, outs = [], [[] for _ in reqs]
+        for phase in ["prefill"] + ["decode"] * (n - 1):
+            t0 = time.perf_counter()
+            batch = prepare_batch(engine, table, cache, reqs, phase)  # 调度器的活：行、页、batch 的字段
+            out = engine.forward_batch(batch, engine.sampler.prepare(batch))
+            self.pages_used = max(self.pages_used, engine.num_pages - len(cache.free_slots))
+            for o, t in zip(outs, process_output(table, cache, reqs, out)):
+                o.append(t)
+            times.append(time.perf_counter() - t0)
+        return outs, times[0], sum(times[1:]) / (n - 1)
 
 
 def hf_reference(path: str, tok, prompts: list[str], n: int) -> list[list[int]]:
@@ -119,12 +102,12 @@ def main() -> None:
     print(f"单个请求：{tok.decode(single)!r}")
     print(f"  prefill {t_prefill * 1000:.0f} ms，decode 每步 {t_step * 1000:.0f} ms（{1 / t_step:.1f} tokens/s）")
     # 2. 骨架做不到的：4 个请求一个 batch
-    m.slots_written.clear()
+    m.pages_used = 0
     outs, t_prefill4, t_step4 = m.generate(PROMPTS, n)
     print(f"4 个请求一个 batch：prefill {t_prefill4 * 1000:.0f} ms，decode 每步 {t_step4 * 1000:.0f} ms"
           f"（每步 4 个 token，合计 {4 / t_step4:.1f} tokens/s；每步是单请求的 {t_step4 / t_step:.2f} 倍）")
-    pages = {s // engine.config.page_size for s in m.slots_written}
-    print(f"KV 池写了 {len(m.slots_written)} 个槽位（{len(pages)} / {engine.num_pages} 页）："
+    written = sum(len(tok(p).input_ids) + n - 1 for p in PROMPTS)  # 最后采出的 token 不再前向
+    print(f"KV 池写了 {written} 个槽位（{m.pages_used} / {engine.num_pages} 页，最多同时占用）："
           f"每个 token 只写自己的槽位，历史不复制")
     engine.shutdown()
 

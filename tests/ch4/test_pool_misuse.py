@@ -1,12 +1,11 @@
-"""第 4 章起：KV 池的尺寸必须是正整数；有了 page table 和 KV 池之后，ctx.forward_batch 在前向前查一次
-out_loc 是否在池里、table_idx 是否在 page table 里、请求是否比一行还长。最后是池的"先写后读"性质测试。"""
+"""第 4 章起：KV 池的尺寸必须是正整数；池的"先写后读"性质测试。batch 在哪里建就在哪里查：
+generate.py 的命令行见 test_cli_limits.py，Engine 见第 6 章的测试。"""
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minisgl.core import Batch, Context, Req
 from minisgl.distributed import reset_tp_info, set_tp_info
 from minisgl.kvcache import MHAKVCache
 
@@ -31,86 +30,6 @@ def test_pool_sizes_must_be_positive_ints(name, value):
     with pytest.raises(ValueError) as e:
         make_pool(**{name: value})
     assert name in str(e.value) and repr(value) in str(e.value), str(e.value)
-
-
-# ---------------------------------------------------------------- ctx.forward_batch 的检查（有 page table 之后）
-
-def paged_ctx(rows=3, width=8):
-    ctx = Context(page_size=4)
-    ctx.kv_cache = make_pool()  # 6 页 × 4 = 24 个槽位
-    ctx.page_table = torch.arange(rows * width, dtype=torch.int32).view(rows, width) % 24
-    return ctx
-
-
-def make_req(total, cached, row, uid):
-    return Req(input_ids=torch.zeros(total, dtype=torch.int32), table_idx=row, cached_len=cached, output_len=1,
-               uid=uid, sampling_params=None, cache_handle=None)
-
-
-def filled(ctx, reqs):
-    b = Batch(reqs=reqs, phase="prefill")
-    b.padded_reqs = reqs
-    b.input_ids = torch.cat([r.input_ids[r.cached_len:r.device_len] for r in reqs])
-    b.positions = torch.cat([torch.arange(r.cached_len, r.device_len, dtype=torch.int32) for r in reqs])
-    b.out_loc = torch.cat([ctx.page_table[r.table_idx, r.cached_len:r.device_len] for r in reqs])
-    return b
-
-
-def forward(ctx, batch):
-    with ctx.forward_batch(batch):
-        pass
-
-
-def test_good_paged_batch_passes():
-    ctx = paged_ctx()
-    forward(ctx, filled(ctx, [make_req(5, 0, 0, 0), make_req(8, 7, 2, 1)]))
-
-
-def test_batch_without_out_loc():
-    ctx = paged_ctx()
-    b = filled(ctx, [make_req(5, 0, 0, 0)])
-    del b.out_loc
-    with pytest.raises(RuntimeError, match=r"batch\.out_loc"):
-        forward(ctx, b)
-
-
-@pytest.mark.parametrize("slot", [-1, 24, 10**6])
-def test_out_loc_outside_the_pool(slot):
-    ctx = paged_ctx()
-    b = filled(ctx, [make_req(5, 0, 0, 0)])
-    b.out_loc[2] = slot
-    with pytest.raises(ValueError) as e:
-        forward(ctx, b)
-    msg = str(e.value)
-    assert "out_loc" in msg and str(slot) in msg and "24" in msg, msg
-
-
-@pytest.mark.parametrize("row", [3, -1])
-def test_table_row_outside_the_page_table(row):
-    ctx = paged_ctx(rows=3)
-    good = make_req(5, 0, 0, 0)
-    b = filled(ctx, [good])
-    bad = make_req(2, 0, row, uid=9)
-    b.reqs, b.padded_reqs = [good, bad], [good, bad]
-    with pytest.raises(ValueError) as e:
-        forward(ctx, b)
-    msg = str(e.value)
-    assert "uid=9" in msg and "table_idx" in msg and "3 行" in msg, msg
-
-
-def test_request_longer_than_a_page_table_row():
-    """page table 一行 8 个位置 = 最大序列长度：第 9 个位置没有地方记槽位，不能悄悄截断。"""
-    ctx = paged_ctx(width=8)
-    ok = make_req(8, 7, 0, 0)
-    b = filled(ctx, [ok])
-    long = make_req(9, 8, 1, uid=5)
-    b.reqs = b.padded_reqs = [ok, long]
-    b.input_ids, b.positions = torch.zeros(2, dtype=torch.int32), torch.tensor([7, 8], dtype=torch.int32)
-    b.out_loc = torch.tensor([0, 1], dtype=torch.int32)
-    with pytest.raises(ValueError) as e:
-        forward(ctx, b)
-    msg = str(e.value)
-    assert "uid=5" in msg and "9" in msg and "8" in msg, msg
 
 
 # ---------------------------------------------------------------- 性质测试：先写后读

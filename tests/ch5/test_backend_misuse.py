@@ -1,5 +1,5 @@
-"""第 5 章起：有了注意力后端，没调用 prepare_metadata 就前向的 batch 被拒绝；不认识的后端名字、
-没有 GPU 却要 GPU 后端，在校验名字时（引擎的配置阶段）就报错，说出是哪个名字。"""
+"""第 5 章起：不认识的后端名字、没有 GPU 却要 GPU 后端，在校验名字时（引擎的配置阶段）就报错，说出是哪个名字。
+没调用 prepare_metadata 就前向的 batch 由 Engine 拒绝（第 6 章的测试）。"""
 
 import pytest
 import torch
@@ -44,17 +44,6 @@ def filled(ctx, n=3):
     b.positions = torch.arange(n, dtype=torch.int32)
     b.out_loc = ctx.page_table[0, :n].clone()
     return b
-
-
-def test_batch_forwarded_before_prepare_metadata(ctx):
-    b = filled(ctx)
-    with pytest.raises(RuntimeError) as e:
-        with ctx.forward_batch(b):
-            pytest.fail("前向不该开始")
-    assert "batch.attn_metadata" in str(e.value) and "prepare_metadata" in str(e.value)
-    ctx.attn_backend.prepare_metadata(b)
-    with ctx.forward_batch(b):
-        assert ctx.batch is b
 
 
 def test_nested_forward_is_refused(ctx):

@@ -76,6 +76,20 @@ def test_config_gpu_backend_without_gpu(monkeypatch, name):
     assert repr(name.split(",")[0]) in msg and "GPU" in msg, msg
 
 
+@pytest.mark.parametrize("timeout", [0, -1.0, float("nan")])
+def test_config_distributed_timeout_must_be_positive(timeout):
+    with pytest.raises(ValueError, match="distributed_timeout"):
+        config(distributed_timeout=timeout)
+
+
+def test_page_larger_than_max_seq_len_is_refused(tiny_models):
+    """一页 128 个槽位、一个请求最多 64 个位置：多出来的槽位谁也用不上，在建 KV 池之前就拒绝。"""
+    with pytest.raises(ValueError) as e:
+        Engine(config(tiny_models[MODEL], page_size=128))
+    assert "page_size=128" in str(e.value) and "max_seq_len=64" in str(e.value)
+    assert_no_global_state()
+
+
 def test_pool_estimated_too_small_for_max_running_req(tiny_models, monkeypatch):
     """不给 num_page_override、按可用内存估算出来的页比 max_running_req 还少：说出页数和 max_running_req。"""
     real_sysconf = os.sysconf
@@ -157,12 +171,6 @@ def refused(engine, batch, exc, *culprits):
     assert engine.forward_batch(ok, engine.sampler.prepare(ok)).next_tokens_cpu.shape == (1,)
 
 
-@pytest.mark.parametrize("bad", [1024, -1, 5000])
-def test_token_id_outside_vocab(engine, bad):
-    batch = fill(engine, [make_req(engine, [1, bad, 3], 0, uid=0)])
-    refused(engine, batch, ValueError, "vocab_size=1024", str(bad))
-
-
 def test_request_longer_than_max_seq_len(engine):
     """引擎的 max_seq_len 是 64（page table 一行 64 个位置）：65 个 token 的请求被拒绝，而不是被截断。"""
     assert engine.max_seq_len == 64 == engine.page_table.shape[1]
@@ -179,17 +187,60 @@ def test_cached_len_not_below_device_len(engine):
     refused(engine, batch, ValueError, "uid=3", "cached_len")
 
 
-def test_slot_outside_the_kv_pool(engine):
-    batch = fill(engine, [make_req(engine, [5, 6, 7], 0, uid=0)])
-    batch.out_loc[1] = engine.num_pages + 1  # 池有 num_pages + 1 页（最后一页是假页），每页 1 个槽位
-    refused(engine, batch, ValueError, "out_loc", str(engine.num_pages + 1))
-
-
 def test_table_row_outside_the_page_table(engine):
     req = make_req(engine, [5, 6, 7], 0, uid=2)
     batch = fill(engine, [req])
     req.table_idx = engine.page_table.shape[0]
     refused(engine, batch, ValueError, "uid=2", "table_idx")
+
+
+def test_request_longer_than_max_seq_len_but_inside_the_row(tiny_models):
+    """max_seq_len=50 时 page table 一行对齐到 64：第 51 个位置也要拒绝，不能放到行宽才拒。"""
+    e = Engine(config(tiny_models[MODEL], max_seq_len_override=50))
+    try:
+        assert e.max_seq_len == 50 and e.page_table.shape[1] == 64
+        refused(e, fill(e, [make_req(e, list(range(51)), 1, uid=7)]), ValueError, "uid=7", "51", "max_seq_len=50")
+    finally:
+        e.shutdown()
+
+
+def test_prefill_labelled_decode(engine):
+    batch = fill(engine, [make_req(engine, [5, 6, 7], 0, uid=3)])
+    batch.phase = "decode"
+    refused(engine, batch, ValueError, "uid=3", "decode", "3 个")
+
+
+@pytest.mark.parametrize("phase", ["Prefill", "extend", ""])
+def test_unknown_phase(engine, phase):
+    batch = fill(engine, [make_req(engine, [5, 6, 7], 0, uid=0)])
+    batch.phase = phase
+    refused(engine, batch, ValueError, "batch.phase", repr(phase))
+
+
+def test_two_reqs_on_one_table_row(engine):
+    batch = fill(engine, [make_req(engine, [5, 6, 7], 2, uid=0), make_req(engine, [8, 9], 2, uid=1)])
+    refused(engine, batch, ValueError, "uid=1", "第 2 行")
+
+
+def test_finished_req_is_not_forwarded_again(engine):
+    """output_len=2：prefill 和一次 decode 之后它就生成完了；再送进来会多写一个位置的 KV、多采一个 token。"""
+    req = make_req(engine, [5, 6, 7], 0, uid=4)
+    for phase in ("prefill", "decode"):
+        batch = fill(engine, [req])
+        batch.phase = phase
+        out = engine.forward_batch(batch, engine.sampler.prepare(batch))
+        req.append_host(out.next_tokens_cpu[:1])
+        engine.page_table[0, req.cached_len:req.device_len] = 40 + req.cached_len
+    batch = fill(engine, [req])
+    batch.phase = "decode"
+    refused(engine, batch, ValueError, "uid=4", "remain_len=0")
+
+
+def test_padded_reqs_must_start_with_reqs(engine):
+    a, b = make_req(engine, [5, 6, 7], 0, uid=0), make_req(engine, [8, 9], 1, uid=1)
+    batch = fill(engine, [a, b])
+    batch.padded_reqs = [b, a]
+    refused(engine, batch, ValueError, "padded_reqs")
 
 
 def test_batch_forwarded_before_metadata(engine):

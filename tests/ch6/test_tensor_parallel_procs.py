@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -46,21 +47,27 @@ def port() -> int:
 
 def processes_with(marker: str) -> list[str]:
     """环境变量里带着 marker 的进程（spawn 出来的 worker 继承父进程的环境）：不用 psutil，直接读 /proc。"""
-    found = []
+    return list(pids_with(marker).values())
+
+
+def pids_with(marker: str) -> dict[int, str]:
+    found = {}
     for env in Path("/proc").glob("[0-9]*/environ"):
         try:
             if marker.encode() in env.read_bytes():
-                found.append((env.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+                cmd = (env.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                found[int(env.parent.name)] = cmd
         except OSError:  # 进程刚好退出，或者读不了
             pass
     return found
 
 
-def run_generate(checkpoint, args: list[str]) -> subprocess.CompletedProcess:
+def run_generate(checkpoint, args: list[str], **env_extra: str) -> subprocess.CompletedProcess:
     """像读者那样在子进程里运行 generate.py；返回之后检查它起的进程都已经退出。"""
     marker = f"MINISGL_TP_TEST={uuid.uuid4().hex}"
     entry = checkpoint.entry_path
-    env = dict(os.environ, PYTHONPATH=str(entry.parent), OMP_NUM_THREADS="1", MINISGL_TP_TEST=marker.split("=")[1])
+    env = dict(os.environ, PYTHONPATH=str(entry.parent), OMP_NUM_THREADS="1", MINISGL_TP_TEST=marker.split("=")[1],
+               **env_extra)
     res = subprocess.run([sys.executable, str(entry), *args], capture_output=True, text=True, timeout=300, env=env,
                          cwd=entry.parent)
     deadline = time.monotonic() + 10  # 进程表里的条目可能比退出晚一点消失
@@ -113,12 +120,61 @@ def test_tp_that_cannot_cut_is_refused_before_spawning(checkpoint, tiny_models):
     assert "Traceback" not in res.stderr, res.stderr  # 没有 worker 的 traceback：根本没起进程
 
 
-def test_worker_error_reaches_parent(checkpoint, tiny_models, port):
-    """KV 池只有 1 页：每个 worker 在生成时出错。父进程带着 worker 的原话退出，不挂住，也不留进程。"""
+def test_worker_error_reaches_parent(checkpoint, tiny_models, port, tmp_path):
+    """KV 池只有 1 页：每个 worker 在生成时出错。父进程带着 worker 的原话退出，不挂住，不留进程，
+    也不在临时目录里留下 pytorch-errorfile-*.pickle。"""
     res = run_generate(checkpoint, ["--model", str(tiny_models["qwen3-tied"]), "--prompt", "Hello", "--tp", "2",
-                                    "--num-pages", "1", "--dist-addr", f"tcp://127.0.0.1:{port}"])
+                                    "--num-pages", "1", "--dist-addr", f"tcp://127.0.0.1:{port}"],
+                       TMPDIR=str(tmp_path))
     assert res.returncode != 0
     assert "--tp 2" in res.stderr and "max_seq_len=1" in res.stderr, res.stderr[-3000:]
+    assert not list(tmp_path.glob("pytorch-errorfile-*")), list(tmp_path.iterdir())
+
+
+def test_tp1_errors_read_like_tp_n(checkpoint, tiny_models):
+    """--tp 1 出错时和 --tp N 一样只打印 错误：…，不是裸的回溯。"""
+    res = run_generate(checkpoint, ["--model", str(tiny_models["qwen3-tied"]), "--prompt", "Hello", "--num-pages", "1"])
+    assert res.returncode != 0
+    assert res.stderr.strip().startswith("错误：") and "max_seq_len=1" in res.stderr, res.stderr[-3000:]
+    assert "Traceback" not in res.stderr, res.stderr[-3000:]
+
+
+SLEEPER = """
+import sys, time
+import torch
+from minisgl.distributed import DistributedInfo
+from minisgl.engine import EngineConfig
+from minisgl.server import launch_tp
+
+def run_rank(config):
+    print(f"rank {config.tp_info.rank} up", flush=True)
+    time.sleep(300)
+
+if __name__ == "__main__":
+    launch_tp(EngineConfig(model_path=".", tp_info=DistributedInfo(0, 2), dtype=torch.float32), run_rank)
+"""
+
+
+def test_ranks_exit_when_the_launcher_is_killed(checkpoint, tmp_path):
+    """启动器被 SIGKILL：两个 rank 也跟着退出，而不是一直跑到生成结束。"""
+    script = tmp_path / "launcher.py"
+    script.write_text(SLEEPER)
+    marker = uuid.uuid4().hex
+    env = dict(os.environ, PYTHONPATH=str(checkpoint.path), OMP_NUM_THREADS="1", MINISGL_TP_TEST=marker)
+    proc = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().startswith("rank") and proc.stdout.readline().startswith("rank")
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        deadline = time.monotonic() + 20
+        while (left := processes_with(marker)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not left, f"启动器死了，rank 还在：{left}"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for pid in pids_with(marker):  # 检查失败时别把睡着的 rank 留给后面的测试
+            os.kill(pid, signal.SIGKILL)
 
 
 def tp_config(model, tp: int, rank: int = 0, **kw) -> EngineConfig:

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 from functools import partial
-from typing import Callable, Dict
-
-from minisgl.models import ModelConfig
+from typing import TYPE_CHECKING, Callable, Dict
 
 from .base import BaseAttnBackend, BaseAttnMetadata, HybridBackend
 from .gpu import create_gpu_backend, require_gpu
 from .torch_backend import TorchAttnMetadata, TorchBackend
 
-BackendCreator = Callable[[ModelConfig], BaseAttnBackend]
+if TYPE_CHECKING:
+    from minisgl.models import ModelConfig
+
+BackendCreator = Callable[["ModelConfig"], BaseAttnBackend]
 SUPPORTED_ATTENTION_BACKENDS: Dict[str, BackendCreator] = {
     "torch": TorchBackend,
     "fi": partial(create_gpu_backend, "fi"),
@@ -20,6 +21,7 @@ SUPPORTED_ATTENTION_BACKENDS: Dict[str, BackendCreator] = {
 
 
 def validate_attn_backend(backend: str, allow_auto: bool = True) -> str:
+    """名字认识、要 GPU 的后端确实有 GPU：唯一检查后端名字的地方，配置时和创建时都走它。"""
     names = backend.split(",")
     if backend == "auto" and allow_auto:
         return backend

@@ -38,7 +38,7 @@ class BaseAttnBackend(ABC):
 
 
 class HybridBackend(BaseAttnBackend):
-    """prefill 和 decode 各用一个后端（官方在 Hopper 上是 "fa,fi"）；CUDA 图只用于 decode。"""
+    """prefill 和 decode 各用一个后端；CUDA 图只用于 decode。官方 API 的占位：阶段一只有 torch 一个能用的后端。"""
 
     def __init__(self, prefill_backend: BaseAttnBackend, decode_backend: BaseAttnBackend) -> None:
         self.prefill_backend, self.decode_backend = prefill_backend, decode_backend

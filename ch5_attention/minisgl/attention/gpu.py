@@ -7,12 +7,14 @@
 from __future__ import annotations
 
 import importlib.util
+from typing import TYPE_CHECKING
 
 import torch
 
-from minisgl.models import ModelConfig
-
 from .base import BaseAttnBackend
+
+if TYPE_CHECKING:
+    from minisgl.models import ModelConfig
 
 _NEEDS = {"fi": ("flashinfer", "FlashInfer"), "fa": ("sgl_kernel", "FlashAttention（sgl_kernel）")}
 
@@ -29,7 +31,6 @@ def require_gpu(name: str) -> None:
 
 
 def create_gpu_backend(name: str, config: ModelConfig) -> BaseAttnBackend:
-    require_gpu(name)
     title = _NEEDS[name][1]
     raise NotImplementedError(f"阶段一只实现了 'torch' 后端；{title} 后端见官方 mini-sglang 的 "
                               f"python/minisgl/attention/{name}.py")

@@ -11,16 +11,18 @@ decode 另有一条批量的快路：每个请求只有 1 个新 token，把各�
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Tuple
+from typing import TYPE_CHECKING, List, Tuple
 
 import torch
 
 from minisgl.core import Batch, get_global_ctx
 from minisgl.distributed import get_tp_info
-from minisgl.models import ModelConfig
 from minisgl.utils import div_even
 
 from .base import BaseAttnBackend, BaseAttnMetadata
+
+if TYPE_CHECKING:
+    from minisgl.models import ModelConfig
 
 
 @dataclass

@@ -1,11 +1,14 @@
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
-from minisgl.models import ModelConfig
+import torch
 
 from .base import BaseKVCachePool
 from .mha_pool import MHAKVCache
+
+if TYPE_CHECKING:
+    from minisgl.models import ModelConfig
 
 
 def create_kvcache_pool(model_config: ModelConfig, num_pages: int, page_size: int, dtype: torch.dtype,

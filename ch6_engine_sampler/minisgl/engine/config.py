@@ -14,8 +14,8 @@ from minisgl.models import ModelConfig, load_hf_config
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """字段与官方一致。CPU 上 num_page_override 不给时按可用内存估算，但不会超过 max_running_req 条
-    满长序列用得到的页数。distributed_addr 官方是固定的属性；这里是字段，测试可以各用各的端口。"""
+    """CPU 上 num_page_override 不给时按可用内存估算，但不会超过 max_running_req 条满长序列用得到的页数。
+    distributed_addr 是字段：测试可以各用各的端口。"""
 
     model_path: str
     tp_info: DistributedInfo
@@ -41,10 +41,12 @@ class EngineConfig:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"EngineConfig.{name}={value!r}：必须是正整数")
         if self.num_page_override is not None and self.num_page_override < self.max_running_req:
-            raise ValueError(f"EngineConfig.num_page_override={self.num_page_override} 页的 KV 池太小："
+            raise ValueError(f"EngineConfig.num_page_override={self.num_page_override}（--num-pages）页的 KV 池太小："
                              f"max_running_req={self.max_running_req} 个请求每个至少要一页")
         if not 0.0 < self.memory_ratio <= 1.0:
             raise ValueError(f"EngineConfig.memory_ratio={self.memory_ratio!r}：应当在 (0, 1] 里")
+        if not self.distributed_timeout > 0:  # 也挡住 NaN
+            raise ValueError(f"EngineConfig.distributed_timeout={self.distributed_timeout!r}：必须是正的秒数")
         validate_attn_backend(self.attention_backend)  # 不认识的名字、没有 GPU 却要 GPU 后端
 
     @cached_property
@@ -58,10 +60,6 @@ class EngineConfig:
     @property
     def max_seq_len(self) -> int:
         return self.max_seq_len_override or self.model_config.rotary_config.max_position
-
-    @property
-    def max_forward_len(self) -> int:
-        return self.max_seq_len
 
     # --8<-- [start:check_tp]
     def check_tp(self) -> None:

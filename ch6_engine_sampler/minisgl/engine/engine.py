@@ -1,11 +1,4 @@
-"""Engine：按正确的顺序把前面五章的东西装起来，然后只做一件事——给一个填好的 Batch，返回每个请求的下一个 token。
-
-初始化顺序与官方一致：TP 身份 → 设备 → Context → 进程组（TP>1）→ 模型（meta 上构造、流式加载）→ KV 池（多一页给假请求）
-→ page table（多一行给假请求）→ 注意力后端（要在 KV 池之后）→ 采样器 → 假请求 → GraphRunner。
-CPU 上和官方不同的地方：没有 CUDA stream / event（copy_done_event 是一个立即完成的替身）；TP=1 时不建进程组，
-TP>1 时 CPU 上用 gloo、GPU 上用 NCCL（官方是 gloo + PyNCCL）；线程数由 Engine 自己设；
-shutdown() 会拆掉进程组、清掉全局状态，同一个进程里可以再建一个 Engine。
-"""
+"""Engine：把前五章的部件按官方的顺序装起来；给一个填好的 Batch，返回每个请求的下一个 token。"""
 
 from __future__ import annotations
 
@@ -22,7 +15,7 @@ from minisgl.core import Batch, Context, Req, reset_global_ctx, set_global_ctx
 from minisgl.distributed import reset_tp_info, set_tp_info
 from minisgl.kvcache import create_kvcache_pool
 from minisgl.models import create_model, load_weight
-from minisgl.utils import div_ceil, torch_dtype
+from minisgl.utils import div_ceil, div_even, torch_dtype
 
 from .config import EngineConfig
 from .graph import GraphRunner
@@ -40,6 +33,7 @@ class ForwardOutput(NamedTuple):
     next_tokens_gpu: torch.Tensor  # (bs,) int32，在引擎的设备上
     next_tokens_cpu: torch.Tensor  # (bs,) int32，在 CPU 上
     copy_done_event: torch.cuda.Event | _CopyDone
+    logits: torch.Tensor  # (bs, V)，交给采样器的那份；只是多留一个引用，不拷贝也不同步
 
 
 class Engine:
@@ -53,7 +47,7 @@ class Engine:
             raise
 
     def _init(self, config: EngineConfig) -> None:
-        if config.attention_backend == "auto":  # 官方按 GPU 架构选 fi / fa / trtllm；阶段一只有 torch
+        if config.attention_backend == "auto":  # 阶段一只有 torch 一个能用的后端
             object.__setattr__(config, "attention_backend", "torch")
         self.config = config
         self.device = torch.device(f"cuda:{config.tp_info.rank}" if torch.cuda.is_available() else "cpu")
@@ -72,6 +66,8 @@ class Engine:
         if config.max_seq_len > model_config.rotary_config.max_position:
             raise ValueError(f"max_seq_len {config.max_seq_len} 超过了模型的 max_position_embeddings "
                              f"{model_config.rotary_config.max_position}")
+        if config.page_size > config.max_seq_len:  # 多出来的槽位没有请求用得到，只白占内存
+            raise ValueError(f"EngineConfig.page_size={config.page_size} 大于 max_seq_len={config.max_seq_len}")
         with torch.device("meta"), torch_dtype(config.dtype):
             self.model = create_model(model_config)
         self.model.load_state_dict(self._load_weight_state_dict(config))
@@ -120,7 +116,8 @@ class Engine:
 
     def _determine_num_pages(self, config: EngineConfig) -> int:
         mc = config.model_config
-        cache_per_page = 2 * mc.head_dim * mc.num_kv_heads * config.page_size * self.dtype.itemsize * mc.num_layers
+        local_kv_heads = div_even(mc.num_kv_heads, config.tp_info.size, allow_replicate=True)  # 本 rank 的头数
+        cache_per_page = 2 * mc.head_dim * local_kv_heads * config.page_size * self.dtype.itemsize * mc.num_layers
         useful = config.max_running_req * div_ceil(config.max_seq_len, config.page_size)  # 再多也用不上
         if config.num_page_override is not None:
             num_pages = config.num_page_override
@@ -137,8 +134,34 @@ class Engine:
                                f"{config.max_running_req} 个请求每个一页：调小 max_running_req 或设 num_page_override")
         return num_pages
 
+    def check_batch(self, batch: Batch) -> None:
+        """只读请求在主存里的整数（不碰设备上的张量，不同步）：这些错误前向本身发现不了，只会悄悄给出错的 token。"""
+        if batch.phase not in ("prefill", "decode"):
+            raise ValueError(f"batch.phase={batch.phase!r}：只能是 'prefill' 或 'decode'")
+        if not batch.reqs:
+            raise ValueError("batch.reqs 是空的：至少要有一个请求")
+        rows = set()
+        for r in batch.reqs:
+            if not 0 <= r.table_idx < self.config.max_running_req:  # 最后一行留给假请求
+                raise ValueError(f"{r}: table_idx 必须在 [0, max_running_req={self.config.max_running_req}) 里")
+            if r.table_idx in rows:
+                raise ValueError(f"{r}: 和同一个 batch 里的另一个请求共用 page table 第 {r.table_idx} 行，"
+                                 f"KV 会写进同一批槽位")
+            rows.add(r.table_idx)
+            if not r.can_decode:
+                raise ValueError(f"{r}: 已经生成完 output_len={r.output_len} 个 token（remain_len=0），不能再前向")
+            if not 0 <= r.cached_len < r.device_len:
+                raise ValueError(f"{r}: 需要 0 <= cached_len < device_len，这次前向才有新 token")
+            if r.device_len > self.max_seq_len:
+                raise ValueError(f"{r}: 有 {r.device_len} 个位置，超过了引擎的 max_seq_len={self.max_seq_len}")
+            if batch.is_decode and r.extend_len != 1:
+                raise ValueError(f"{r}: 标成 decode 的 batch 里每个请求只能有 1 个新 token，它有 {r.extend_len} 个"
+                                 f"（这是 prefill）")
+
     def forward_batch(self, batch: Batch, args: BatchSamplingArgs) -> ForwardOutput:
         """前向 → 每个真请求 complete_one → 采样。假请求只参与前向，不采样。"""
+        self.check_batch(batch)
+        _check_filled(batch)
         with self.ctx.forward_batch(batch):
             if self.graph_runner.can_use_cuda_graph(batch):
                 logits = self.graph_runner.replay(batch)
@@ -146,20 +169,37 @@ class Engine:
                 logits = self.model.forward()
         for req in batch.reqs:
             req.complete_one()
-        next_tokens_gpu = self.sampler.sample(logits[:batch.size], args).to(torch.int32)
+        logits = logits[:batch.size]
+        next_tokens_gpu = self.sampler.sample(logits, args).to(torch.int32)
         next_tokens_cpu = next_tokens_gpu.to("cpu", non_blocking=self.device.type == "cuda")
         if self.device.type == "cuda":
             copy_done_event = torch.cuda.Event()
             copy_done_event.record()
         else:
             copy_done_event = _CopyDone()
-        return ForwardOutput(next_tokens_gpu, next_tokens_cpu, copy_done_event)
+        return ForwardOutput(next_tokens_gpu, next_tokens_cpu, copy_done_event, logits)
 
     # --8<-- [start:shutdown]
     def shutdown(self) -> None:
         """释放图、拆掉进程组（端口随之释放）、清掉全局的 Context 和 TP 身份：之后同一个进程里可以再建一个 Engine。"""
         self.graph_runner.destroy_cuda_graphs()
         _release_globals(self.config.tp_info.size)
+
+
+def _check_filled(batch: Batch) -> None:
+    """调用方该填的字段都填了，长度对得上：len() 只读形状，不同步。"""
+    missing = [f"batch.{n}" for n in ("padded_reqs", "input_ids", "positions", "out_loc", "attn_metadata")
+               if not hasattr(batch, n)]
+    if missing:
+        raise RuntimeError(f"batch 还没准备好就前向了：缺少 {', '.join(missing)}"
+                           f"（attn_metadata 由 attn_backend.prepare_metadata(batch) 设置）")
+    if batch.padded_reqs[:batch.size] != batch.reqs:
+        raise ValueError("batch.padded_reqs 必须以 batch.reqs 开头（假请求只能接在后面）")
+    num_tokens = sum(r.extend_len for r in batch.padded_reqs)
+    for name in ("input_ids", "positions", "out_loc"):
+        if len(getattr(batch, name)) != num_tokens:
+            raise ValueError(f"batch.{name} 有 {len(getattr(batch, name))} 个，"
+                             f"padded_reqs 的 extend_len 之和是 {num_tokens}")
 
 
 def _release_globals(tp_size: int) -> None:

@@ -1,7 +1,7 @@
 """批量采样：贪心走 argmax 的快路；温度、top-k、top-p 按请求各设各的，整个 batch 一次采完。
 
-官方用 flashinfer 的采样核；这里用 PyTorch 写同样的语义：先按温度做 softmax，再截 top-k，再截 top-p
-（在 top-k 之后重新归一化的分布上取最小的、概率和达到 p 的那一组），最后 multinomial。
+先按温度做 softmax，再截 top-k，再截 top-p（在 top-k 之后重新归一化的分布上取最小的、概率和达到 p 的那一组），
+最后 multinomial。logits 里有 NaN 的请求得到 token -1（NAN_TOKEN）：不在这里同步查，调用方读 token 时顺带发现。
 """
 
 from __future__ import annotations
@@ -19,10 +19,14 @@ class BatchSamplingArgs:
     temperatures: torch.Tensor | None  # None：整个 batch 都是贪心
     top_k: torch.Tensor | None = None  # (bs,) int32；None：没有请求截 top-k
     top_p: torch.Tensor | None = None  # (bs,) float32；None：没有请求截 top-p
-    greedy: torch.Tensor | None = None  # (bs,) bool：混合 batch 里贪心的请求（官方用 T=1e-6 近似，这里直接取 argmax）
+    greedy: torch.Tensor | None = None  # (bs,) bool：混合 batch 里贪心的请求，精确取 argmax
+
+
+NAN_TOKEN = -1  # logits 里有 NaN 时的 token：不是词表里的 id，调用方一看就知道这一步算坏了
 
 
 def make_device_tensor(data: List, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """官方 API 的占位（官方在 GPU 上经 pinned memory 异步拷贝）；这里就是 torch.tensor。"""
     return torch.tensor(data, dtype=dtype, device=device)
 
 
@@ -47,11 +51,15 @@ class Sampler:
         )
 
     def sample(self, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
-        """logits: (bs, vocab) -> (bs,) token id。"""
+        """logits: (bs, vocab) -> (bs,) token id；有 NaN 的行是 NAN_TOKEN（一次归约，不同步）。"""
+        nan_rows = logits.isnan().any(dim=-1)
         if args.temperatures is None:
-            return torch.argmax(logits, dim=-1)
-        sampled = sample_impl(logits.float(), args.temperatures, args.top_k, args.top_p)
-        return sampled if args.greedy is None else torch.where(args.greedy, logits.argmax(dim=-1), sampled)
+            tokens = torch.argmax(logits, dim=-1)
+        else:
+            clean = logits.float().nan_to_num(nan=0.0)  # 坏行照常抽一个（multinomial 不收 NaN），反正会被换掉
+            tokens = sample_impl(clean, args.temperatures, args.top_k, args.top_p)
+            tokens = tokens if args.greedy is None else torch.where(args.greedy, logits.argmax(dim=-1), tokens)
+        return torch.where(nan_rows, NAN_TOKEN, tokens)
 
 
 def sample_impl(logits: torch.Tensor, temperatures: torch.Tensor, top_k: torch.Tensor | None,

@@ -24,8 +24,7 @@ class MHAKVCache(BaseKVCachePool):
             raise ValueError(f"MHAKVCache: {bad} 都必须是正整数")
         self.local_kv_heads = div_even(num_kv_heads, get_tp_info().size, allow_replicate=True)
         self.num_pages, self.page_size, self.head_dim = num_pages, page_size, head_dim
-        # 官方在 GPU 上用 torch.empty；CPU 上先清零：否则操作系统按需分配内存，每个新槽位第一次写入都要缺一次页，
-        # 这笔开销会落在 decode 的热路径上
+        # 先清零：否则操作系统按需分配内存，每个新槽位第一次写入都要缺一次页，这笔开销会落在 decode 的热路径上
         self._kv_buffer = torch.zeros((2, num_layers, num_pages, page_size, self.local_kv_heads, head_dim),
                                       dtype=dtype, device=device)
         self._k_buffer, self._v_buffer = self._kv_buffer[0], self._kv_buffer[1]

@@ -1,0 +1,79 @@
+"""--tp N 的进程管理：起 N 个进程，每个一个 rank，收齐各 rank 的结果；出错、被杀都不留下进程和临时文件。"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from typing import Any, Callable, List
+
+import torch
+import torch.multiprocessing as mp
+
+from minisgl.distributed import DistributedInfo
+from minisgl.engine import EngineConfig
+
+_PR_SET_PDEATHSIG = 1
+
+
+def free_addr() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """父进程（启动器）死了，rank 也退出：否则它们会一直跑到生成结束，甚至卡在集合通信上。"""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    else:  # 别的系统没有 prctl：后台线程盯着父进程号
+        def watch() -> None:
+            while os.getppid() == parent_pid:
+                time.sleep(0.5)
+            os._exit(1)
+
+        threading.Thread(target=watch, daemon=True).start()
+    if os.getppid() != parent_pid:  # 设好之前父进程就已经没了
+        os._exit(1)
+
+
+def _worker(rank: int, run_rank: Callable[..., Any], config: EngineConfig, args: tuple, results,
+            parent_pid: int) -> None:
+    die_with_parent(parent_pid)
+    config = dataclasses.replace(config, tp_info=DistributedInfo(rank, config.tp_info.size))
+    results.put((rank, run_rank(config, *args)))
+
+
+def launch_tp(config: EngineConfig, run_rank: Callable[..., Any], *args: Any) -> List[Any]:
+    """起 tp 个进程（spawn：CUDA 也能用），每个运行 run_rank(带上自己 rank 的 config, *args)，按 rank 返回结果。
+    某个 rank 出错时 join 抛出它的 traceback，并结束其余进程；卡在集合通信上的 rank 最多等 distributed_timeout 秒。"""
+    size = config.tp_info.size
+    if torch.cuda.is_available() and size > torch.cuda.device_count():  # 每个 rank 一块卡：cuda:{rank}
+        raise ValueError(f"每个 rank 要一块 GPU，这台机器只有 {torch.cuda.device_count()} 块")
+    results = mp.get_context("spawn").Queue()
+    ctx = mp.start_processes(_worker, args=(run_rank, config, args, results, os.getpid()), nprocs=size,
+                             join=False, start_method="spawn")
+    got = {}
+    try:
+        while not ctx.join(timeout=0.2):  # 边等边收，免得结果堵在管道里
+            while not results.empty():
+                rank, result = results.get()
+                got[rank] = result
+    finally:
+        for p in ctx.processes:  # 正常结束时它们都已退出；出错或 Ctrl-C 时不留下孤儿
+            if p.is_alive():
+                p.terminate()
+            p.join()
+        for path in ctx.error_files:  # 出错的 rank 把 traceback 写在临时目录里；读过了就删掉
+            if path and os.path.exists(path):
+                os.remove(path)
+    while len(got) < size:
+        rank, result = results.get(timeout=config.distributed_timeout)
+        got[rank] = result
+    results.close()
+    return [got[r] for r in range(size)]
