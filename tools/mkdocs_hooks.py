@@ -21,7 +21,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tools"))
 from tests.harness.course import checkpoint_files, load_manifest  # noqa: E402
 
 PATTERN = re.compile(r"\{\{\s*chapter_diff\(\"([\w]+)\"\)\s*\}\}")
@@ -57,6 +56,8 @@ def chapter_diff(name: str) -> str:
 @functools.cache
 def book_model() -> tuple[Path, str | None]:
     """(模型目录, 退回小模型的原因)；整次构建只决定一次。"""
+    if str(ROOT / "tools") not in sys.path:  # mkdocs 载入钩子之后会还原 sys.path，所以在这里加
+        sys.path.insert(0, str(ROOT / "tools"))
     from make_smollm2 import ModelUnavailable, make_smollm2
     from make_tiny_models import make_all
 

