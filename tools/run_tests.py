@@ -90,7 +90,8 @@ def main() -> int:
             skipped = f", {counts['skipped']} skipped（带理由，-rs 可见）" if counts.get("skipped") else ""
             print(f"{'通过' if f == 0 else '失败'}  {name}: {p} passed, {f} failed{skipped}（{secs:.0f} s）")
             if counts.get("skipped"):  # 比如没装 chromium、第 0~2 步不支持 Llama：把理由告诉读者
-                print("\n".join("      " + line for line in out.splitlines() if line.startswith("SKIPPED")))
+                reasons = [line.split(": ", 1)[-1] for line in out.splitlines() if line.startswith("SKIPPED")]
+                print("\n".join(f"      跳过：{r}" for r in dict.fromkeys(reasons)))  # 同一个理由只说一次
             if rc != 0:
                 print(out[-20000:])
     print(f"{passed} passed, {failed} failed")
