@@ -108,12 +108,11 @@ def engine_init() -> SVG:
 
 
 def _weight_module():
-    spec = importlib.util.spec_from_file_location(
-        "_weight", ROOT / "ch6_engine_sampler" / "minisgl" / "models" / "weight.py")
+    """第 6 章的 models.weight，以及模型声明的 packed_modules_mapping（_rename 要它）。"""
     sys.path.insert(0, str(ROOT / "ch6_engine_sampler"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    weight = importlib.import_module("minisgl.models.weight")
+    packed = importlib.import_module("minisgl.models.decoder").DecoderForCausalLM.packed_modules_mapping
+    return weight, packed
 
 
 def _load_keys(weight) -> list[tuple[str, str]]:
@@ -134,7 +133,7 @@ def _short(name: str) -> str:
 
 
 def streaming_load() -> SVG:
-    weight = _weight_module()
+    weight, packed = _weight_module()
     keys = _load_keys(weight)
     keys = keys[:1 + next(i for i, (_, k) in enumerate(keys) if k == "model.layers.1.mlp.up_proj.weight")]
     svg = SVG(900, 110 + 26 * len(keys) + 64, "流式加载：按文件顺序读，合并的权重等齐了再交出")
@@ -146,7 +145,7 @@ def streaming_load() -> SVG:
     prev_file = ""
     for i, (file, key) in enumerate(keys):
         y = 74 + i * 26
-        name, part, total = weight._rename(key)
+        name, part, total = weight._rename(key, packed)
         if file != prev_file:
             svg.line(16, y, 884, y, LINE, 1)
             svg.text(20, y + 17, file.split("-")[1].lstrip("0") + " / " + file.split("-")[3].split(".")[0].lstrip("0"),
