@@ -101,11 +101,19 @@ def main(argv: list[str] | None = None) -> None:
     set_global_ctx(ctx)
     try:
         model, config = load_model(args.model)
+        need = max(map(len, prompt_ids)) + args.max_new_tokens - 1  # 最后采出的 token 不再前向，不占位置
+        if need > config.rotary_config.max_position:  # 否则 RoPE 表查不到这个位置，是一个看不懂的 IndexError
+            raise ValueError(f"最长的请求要用到 {need} 个位置，超过了模型的 max_position_embeddings "
+                             f"{config.rotary_config.max_position}")
+        if bad := sorted({t for ids in prompt_ids for t in ids if t >= config.vocab_size}):
+            raise ValueError(f"分词器给出了词表以外的 token id {bad[:5]}：config.json 的 vocab_size={config.vocab_size}")
         ctx.kv_cache = NaiveKVCache(config.num_layers)
         with torch.inference_mode():
             t0 = time.perf_counter()
             outs, logits = generate(model, prompt_ids, args.max_new_tokens)
             seconds = time.perf_counter() - t0
+    except (ValueError, RuntimeError, OSError) as e:  # 和后面几章一样只说原因，不打印回溯
+        sys.exit(f"错误：{e}")
     finally:
         reset_global_ctx()
         reset_tp_info()

@@ -14,7 +14,6 @@ from tests.harness.contract import run_subprocess
 
 
 def test_empty_prompt_is_refused(checkpoint, tiny_models):
-    only_generate_of_ch1_ch2(checkpoint)
     model = tiny_models[checkpoint.families[0]]
     res = run_subprocess(checkpoint.entry_path, ["--model", str(model), "--prompt", "Hi", "--prompt", "",
                                                   "--max-new-tokens", "2"])
@@ -23,7 +22,6 @@ def test_empty_prompt_is_refused(checkpoint, tiny_models):
 
 
 def test_missing_tokenizer_names_the_files(checkpoint, tiny_models, tmp_path):
-    only_generate_of_ch1_ch2(checkpoint)
     src = tiny_models[checkpoint.families[0]]
     model = copy_model(src, tmp_path / "m", {f.name for f in src.iterdir() if not f.name.startswith("tokenizer")})
     res = run_subprocess(checkpoint.entry_path, ["--model", str(model), "--prompt", "Hi", "--max-new-tokens", "2"])
