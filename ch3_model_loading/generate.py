@@ -106,7 +106,8 @@ def main(argv: list[str] | None = None) -> None:
             raise ValueError(f"最长的请求要用到 {need} 个位置，超过了模型的 max_position_embeddings "
                              f"{config.rotary_config.max_position}")
         if bad := sorted({t for ids in prompt_ids for t in ids if t >= config.vocab_size}):
-            raise ValueError(f"分词器给出了词表以外的 token id {bad[:5]}：config.json 的 vocab_size={config.vocab_size}")
+            raise ValueError(f"分词器给出了词表以外的 token id {bad[:5]}："
+                             f"config.json 的 vocab_size={config.vocab_size}")
         ctx.kv_cache = NaiveKVCache(config.num_layers)
         with torch.inference_mode():
             t0 = time.perf_counter()

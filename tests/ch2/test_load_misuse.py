@@ -9,7 +9,8 @@ from tests.ch1.common import copy_model, load_generate, only_generate_of_ch1_ch2
 from tests.harness.contract import run_subprocess
 
 # 第 2 章的 load_model 说"张量 KEY："，第 3 章起的加载器说"FILE 里的 KEY（引擎里的 NAME）："
-SHARD_ERROR = re.compile(r"(?:张量 |里的 )(\S+?)(?:（引擎里的 \S+?）)?：检查点里的形状是 (\(.*?\))，按 config 应当是 (\(.*?\))")
+SHARD_ERROR = re.compile(r"(?:张量 |里的 )(\S+?)(?:（引擎里的 \S+?）)?："
+                         r"检查点里的形状是 (\(.*?\))，按 config 应当是 (\(.*?\))")
 
 
 @pytest.mark.parametrize("field, value, allowed", [
