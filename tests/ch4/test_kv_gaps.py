@@ -79,3 +79,19 @@ def test_task2_pages_come_from_the_tail_so_they_are_not_contiguous(checkpoint, t
             pages.append(page)
     assert len(pages) > 1 and all(a > b for a, b in zip(pages, pages[1:])), \
         f"prefill 按顺序拿到的页是 {pages}：应当从空闲列表尾部拿，页号严格递减"
+
+
+def test_task2_input_ids_come_from_the_token_pool(checkpoint, tiny_models, monkeypatch):
+    """decode 的 input_ids 要从 token pool 取（阶段二的调度器只看得到它），不能从 Req.input_ids 取：
+    让 append_host 往 Req.input_ids 里接一个错的 token，token pool 不受影响，输出就必须不变。"""
+    from minisgl.core import Req
+
+    model, n = tiny_models["llama3"], 6
+    base = parity.generate(checkpoint.entry_path, model, PROMPTS, n, 4)
+
+    def wrong_append(self, next_token):
+        self.input_ids = torch.cat([self.input_ids, (next_token.to(self.input_ids.dtype) + 1) % 50])
+
+    monkeypatch.setattr(Req, "append_host", wrong_append)
+    argv = build_argv(model, PROMPTS, n, 4)
+    assert parse_outputs(run_in_process(checkpoint.entry_path, argv), len(PROMPTS), n) == base
