@@ -3,12 +3,15 @@
 - 每章的页面按同一个模板排二级标题，本章检查点一节用构建时现算的 diff；
 - 书里写的每条测试命令都真的能跑：run_tests.py 的参数用它自己的解析器核对，检查点名字查清单，
   pytest 的 -k 关键字必须选得到这一章（累积）的测试；
+- 每一页"任务"一节的小标题和 tests/tasks.toml 的任务一一对应；每个测试从 minisgl import 的名字，
+  这一章的页面上（或者构建时生成的接口表里）都写得出来；
 - 页面上没有手抄的代码：python 代码块只能是 snippets 的 include（少数白名单里的示意片段要逐行出现在源文件里），
   任何代码块里都不能有连续 3 行非空行和某个检查点文件里的连续 3 行相同。
 """
 
 from __future__ import annotations
 
+import ast
 import re
 import sys
 from pathlib import Path
@@ -19,10 +22,12 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 sys.path.insert(0, str(ROOT / "tools"))
 
+import stubs  # noqa: E402
 from run_tests import build_parser  # noqa: E402
 from tests.harness.course import load_manifest  # noqa: E402
+from tests.harness.tasks import load_tasks  # noqa: E402
 
-TEMPLATE = ["学习目标", "动手前先预测", "自测题", "任务", "对照官方实现", "运行本章测试", "本章检查点", "练习",
+TEMPLATE = ["学习目标", "动手前先预测", "任务", "运行本章测试", "自测题", "练习", "本章检查点", "对照官方实现",
             "延伸阅读"]
 PYTHON_LANGS = {"python", "py", "python3", "pycon"}
 SNIPPET = re.compile(r'^--8<-- "[^"]+"$')
@@ -100,6 +105,60 @@ def test_chapter_page_follows_the_template(ck):
         f"{page.name} 的自测题有 {len(questions)} 道，折叠的答案（??? success \"答案\"）有 {len(answers)} 个"
     assert "官方" in _section(text, "对照官方实现") and "python/minisgl/" in _section(text, "对照官方实现"), \
         f"{page.name} 的'对照官方实现'要写出对应的官方文件"
+
+
+def _page_of(ck) -> Path:
+    return DOCS / ("step0.md" if ck.chapter == 0 else f"ch{ck.chapter}.md")
+
+
+@pytest.mark.parametrize("ck", load_manifest(), ids=lambda c: c.name)
+def test_task_headings_match_tasks_toml(ck):
+    """python course.py check 的进度表和接口表按 tasks.toml 的任务号分组：页面上的任务要是同一份清单。"""
+    text = _page_of(ck).read_text(encoding="utf-8")
+    assert "<!-- 接口 -->" in _section(text, "任务").split("\n###", 1)[0], \
+        f"{_page_of(ck).name}：'## 任务' 下面第一段要有 <!-- 接口 -->（构建时换成接口表）"
+    heads = [h.replace("`", "") for h in _headings(_section(text, "任务"), 3) if h.startswith("任务 ")]
+    want = [f"任务 {t.number} · {t.title.replace('`', '')}" for t in load_tasks()[ck.chapter]]
+    got = [next((h for h in heads if h.startswith(w)), None) for w in want]
+    assert None not in got and len(heads) == len(want), \
+        f"{_page_of(ck).name} 的任务小标题要依次以 {want} 开头（见 tests/tasks.toml），现在是 {heads}"
+    assert got == heads, f"{_page_of(ck).name} 的任务顺序和 tests/tasks.toml 不同：{heads}"
+
+
+def _imported_names(chapter: int) -> dict[str, str]:
+    """tests/chN/*.py 里 from minisgl... import 的名字 -> 第一次出现的文件。"""
+    names: dict[str, str] = {}
+    for f in sorted((ROOT / "tests" / f"ch{chapter}").glob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "minisgl":
+                for alias in node.names:
+                    names.setdefault(alias.name, f.name)
+    return names
+
+
+def _missing_names(names: dict[str, str], text: str) -> list[str]:
+    return sorted(n for n in names if not re.search(rf"(?<![A-Za-z0-9_]){re.escape(n)}(?![A-Za-z0-9_])", text))
+
+
+@pytest.mark.parametrize("ck", _chapters(), ids=lambda c: c.name)
+def test_every_name_the_tests_import_is_on_the_page(ck):
+    """测试 import 的名字就是这一章对读者的约定：这一章或前面几章的页面正文、接口表里要写到它（累积：
+    第 1 章讲过的 reset_global_ctx，第 6 章的测试再 import 也不用重讲）。"""
+    names = _imported_names(ck.chapter)
+    assert names, f"tests/ch{ck.chapter}/ 里没有从 minisgl import 任何名字：这个检查查不到东西"
+    text = "\n".join(_page_of(c).read_text(encoding="utf-8") + "\n" + stubs.interface_table(c)
+                      for c in _chapters() if c.chapter <= ck.chapter)
+    missing = _missing_names(names, text)
+    assert not missing, (f"{_page_of(ck).name}：tests/ch{ck.chapter}/ 从 minisgl import 了 "
+                         f"{[f'{n}（{names[n]}）' for n in missing]}，第 1~{ck.chapter} 章的页面和接口表里都没写到")
+
+
+def test_import_check_catches_a_missing_name():
+    """自检：页面上删掉一个名字，上面的检查必须报出它。"""
+    names = _imported_names(1)
+    text = (DOCS / "ch1.md").read_text(encoding="utf-8") + "\n" + stubs.interface_table(_chapters()[0])
+    assert "SamplingParams" in names and "SamplingParams" not in _missing_names(names, text)
+    assert "SamplingParams" in _missing_names(names, text.replace("SamplingParams", "SamplingParamsX"))
 
 
 def test_chapter4_exercise_is_page_size_4():
