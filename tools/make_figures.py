@@ -80,11 +80,10 @@ def batch_layout() -> SVG:
     svg.text(20, 316, "全部历史（indices，注意力按它从 KV 池取 K/V）：", 13, anchor="start", bold=True)
     row(326, "indices", indices, [REQ_COLORS[k] for k in hist_who])
     bounds(376, "cu_seqlens_k", cu_k)
-    svg.caption([f"out_loc 和 indices 都从页表读；页从空闲列表尾部拿：A 第 {a} 页，B 第 {b} 页，"
-                 f"C 先后拿了第 {c_first}、{c_second} 页（不连续）；"
-                 f"C 的新 token 在位置 {reqs[2][1]}、{reqs[2][2] - 1}。",
-                 "cu_seqlens_q 是 extend_len 的前缀和，cu_seqlens_k 是 device_len 的前缀和；"
-                 "LM head 只取每个请求最后一行。"])
+    svg.caption([f"out_loc 和 indices 都从页表读。页从空闲列表尾部拿：A 第 {a} 页，B 第 {b} 页，"
+                 f"C 先后拿了第 {c_first}、{c_second} 页（不连续）。",
+                 f"C 的新 token 在位置 {reqs[2][1]}、{reqs[2][2] - 1}；LM head 只取每个请求最后一行。",
+                 "cu_seqlens_q 是 extend_len 的前缀和，cu_seqlens_k 是 device_len 的前缀和。"])
     return svg
 
 
