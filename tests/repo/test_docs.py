@@ -22,7 +22,8 @@ sys.path.insert(0, str(ROOT / "tools"))
 from run_tests import build_parser  # noqa: E402
 from tests.harness.course import load_manifest  # noqa: E402
 
-TEMPLATE = ["学习目标", "动手前先预测", "任务", "运行本章测试", "自测题", "练习", "本章检查点", "对照官方实现", "延伸阅读"]
+TEMPLATE = ["学习目标", "动手前先预测", "任务", "运行本章测试", "自测题", "练习", "本章检查点", "对照官方实现",
+            "延伸阅读"]
 PYTHON_LANGS = {"python", "py", "python3", "pycon"}
 SNIPPET = re.compile(r'^--8<-- "[^"]+"$')
 FENCE = re.compile(r"^(\s*)(`{3,})\s*([\w+-]*)(.*)$")
