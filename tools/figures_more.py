@@ -68,7 +68,7 @@ def engine_init() -> SVG:
     steps = [("check_tp()", "切不开就先报错"), ("set_tp_info", "本进程的 rank / size"),
              ("设备 + 线程数", "cuda:rank 或 CPU"), ("Context", "set_global_ctx"),
              ("进程组", "只在 TP > 1 时建"), ("模型", "meta 上构造，流式加载"),
-             ("KV 池", "num_pages + 1 页"), ("page table", "max_running_req + 1 行"),
+             ("KV 池", "先定页数，再多分 1 页"), ("页表", "max_running_req + 1 行"),
              ("注意力后端", "构造时读 ctx.kv_cache"), ("Sampler", ""), ("dummy_req", "table_idx = 最后一行"),
              ("GraphRunner", "拿着 dummy_req 凑批")]
     svg = SVG(920, 470, "Engine 的初始化顺序，以及留给假请求的一页和一行")
@@ -76,7 +76,7 @@ def engine_init() -> SVG:
     for i, (name, note) in enumerate(steps):
         col, r = divmod(i, 6)
         x, y = 20 + col * 300, 52 + r * 46
-        dummy = name in ("KV 池", "page table", "dummy_req")
+        dummy = name in ("KV 池", "页表", "dummy_req")
         svg.box(x, y, 120, 32, name, ORANGE if dummy else BLUE, 12, bold=dummy)
         svg.text(x + 128, y + 21, note, 11, MUTED, anchor="start")
         if r < 5:
@@ -91,7 +91,7 @@ def engine_init() -> SVG:
             slot = p * 2 + s
             svg.box(x0 + slot * 28, 72, 26, 26, str(slot), fill, 11, mono=True)
     svg.text(x0 + 4 * 56 + 28, 116, "假页", 12, DARK[ORANGE], bold=True)
-    svg.text(x0, 150, "page table（max_running_req = 3）", 12, anchor="start", bold=True)
+    svg.text(x0, 150, "页表（max_running_req = 3）", 12, anchor="start", bold=True)
     for r in range(4):
         y = 160 + r * 30
         dummy = r == 3
@@ -101,7 +101,7 @@ def engine_init() -> SVG:
     svg.text(x0 + 260, 296, "假行：全填 8", 12, DARK[ORANGE], bold=True, anchor="end")
     svg.path(f"M{x0 + 250},{263} C{x0 + 285},220 {x0 + 285},130 {x0 + 240},100", DARK[ORANGE], arrow=True)
     svg.text(x0, 330, "8 = num_pages × page_size：假页的第一个槽位", 11, MUTED, anchor="start")
-    svg.caption(["KV 池和 page table 都比真请求用得到的多一份：凑批的假请求（dummy_req）的 KV 全写进假页，",
+    svg.caption(["KV 池和页表都比真请求用得到的多一份：凑批的假请求（dummy_req）的 KV 全写进假页，",
                  "不会碰到任何真请求的槽位。注意力后端构造时就拿 ctx.kv_cache，所以必须排在 KV 池之后；",
                  "Context 要在模型之前设好：模型的 forward() 不接参数，从 Context 读当前 batch。"])
     return svg
@@ -174,7 +174,7 @@ def streaming_load() -> SVG:
 
 
 PARTS = [("一个 ids、一个 pos 张量", "Req / Batch / Context"), ("四个函数 + 权重 dict", "算子层 BaseOP"),
-         ("safe_open 一次读完", "ModelConfig + 流式加载"), ("每层一个 list，torch.cat", "KV 池 + page table"),
+         ("safe_open 一次读完", "ModelConfig + 流式加载"), ("每层一个 list，torch.cat", "KV 池 + 页表"),
          ("einsum + 显式掩码", "注意力后端"), ("argmax", "Engine + Sampler")]
 
 

@@ -25,8 +25,13 @@ REQ_COLORS = [BLUE, GREEN, ORANGE]
 
 
 def batch_layout() -> SVG:
-    # 三个请求一个 prefill batch；page_size = 4，页按请求顺序分配；C 的前 3 个 token 已在缓存里（前缀复用）
-    reqs = [("A", 0, 4, [0]), ("B", 0, 2, [1]), ("C", 3, 5, [2, 3])]  # 名字、cached_len、device_len、页号
+    # 三个请求一个 prefill batch；page_size = 4，C 的前 3 个 token 已在缓存里（前缀复用）。
+    # 页和 CacheManager.allocate_paged 一样从空闲列表 [0, 1, 2, 3] 的尾部拿：C 的前缀早先拿了第 3 页，
+    # 这一步按请求顺序 A 拿第 2 页、B 拿第 1 页、C 的第二页是第 0 页
+    free = [0, 1, 2, 3]
+    c_first = free.pop()
+    a, b, c_second = free.pop(), free.pop(), free.pop()
+    reqs = [("A", 0, 4, [a]), ("B", 0, 2, [b]), ("C", 3, 5, [c_first, c_second])]  # 名字、cached_len、device_len、页号
     page_size = 4
     rows = [[p * page_size + i for p in pages for i in range(page_size)] for *_, pages in reqs]
     ids, pos, out_loc, indices, who, hist_who = [], [], [], [], [], []
@@ -75,11 +80,10 @@ def batch_layout() -> SVG:
     svg.text(20, 316, "全部历史（indices，注意力按它从 KV 池取 K/V）：", 13, anchor="start", bold=True)
     row(326, "indices", indices, [REQ_COLORS[k] for k in hist_who])
     bounds(376, "cu_seqlens_k", cu_k)
-    svg.caption(["out_loc 和 indices 都从 page table 读：A 用第 0 页（槽位 0–3），B 第 1 页，"
-                 "C 第 2、3 页（槽位 8–15）；"
-                 f"C 的新 token 在位置 {reqs[2][1]}、{reqs[2][2] - 1}。",
-                 "cu_seqlens_q 是 extend_len 的前缀和，cu_seqlens_k 是 device_len 的前缀和；"
-                 "LM head 只取每个请求最后一行。"])
+    svg.caption([f"out_loc 和 indices 都从页表读。页从空闲列表尾部拿：A 第 {a} 页，B 第 {b} 页，"
+                 f"C 先后拿了第 {c_first}、{c_second} 页（不连续）。",
+                 f"C 的新 token 在位置 {reqs[2][1]}、{reqs[2][2] - 1}；LM head 只取每个请求最后一行。",
+                 "cu_seqlens_q 是 extend_len 的前缀和，cu_seqlens_k 是 device_len 的前缀和。"])
     return svg
 
 

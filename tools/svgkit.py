@@ -16,6 +16,9 @@ BLUE, GREEN, ORANGE, PURPLE, RED, GREY = "#bbdefb", "#c8e6c9", "#ffe0b2", "#e1be
 DARK = {BLUE: "#1565c0", GREEN: "#2e7d32", ORANGE: "#e65100", PURPLE: "#6a1b9a", RED: "#c62828", GREY: "#546e7a"}
 
 
+BUMP = 1
+
+
 def text_width(s: str, size: float, mono: bool = False) -> float:
     if mono:
         return len(s) * size * 0.6
@@ -36,6 +39,7 @@ class SVG:
 
     def text(self, x: float, y: float, s: str, size: float = 13, fill: str = INK, anchor: str = "middle",
              bold: bool = False, mono: bool = False) -> None:
+        size += BUMP if size <= 12 else 0  # 图缩到正文栏宽（约 690 px）时，11、12 号字太小
         w = text_width(s, size, mono)
         left = {"start": x, "middle": x - w / 2, "end": x - w}[anchor]
         self._texts.append((left, left + w, y - size, y + size * 0.25, s))
