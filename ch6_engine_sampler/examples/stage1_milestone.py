@@ -14,6 +14,7 @@ import argparse
 import os
 import sys
 import time
+import unicodedata
 from pathlib import Path
 
 import torch
@@ -98,6 +99,15 @@ def hf_reference(path: str, tok, prompts: list[str], n: int) -> list[list[int]]:
     return refs
 
 
+def shown(text: str, width: int) -> str:
+    """repr(text) 截短到终端里占 width 列以内（汉字占两列），再补空格：输出一行不超过 80 列，判定不被挤出屏幕。"""
+    def cols(t: str) -> int:
+        return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in t)
+    while cols(repr(text)) > width:
+        text = text[:-1]
+    return repr(text) + " " * (width - cols(repr(text)))
+
+
 def weight_bytes(path: str) -> int:
     return sum(f.stat().st_size for f in Path(path).glob("*.safetensors"))
 
@@ -119,8 +129,7 @@ def main() -> None:
     m.generate(PROMPTS, 2)  # 预热：第一次前向要分配内存、选核，不算进计时
     # 1. 和第 0 步同一个请求
     [single], t_prefill, t_step = m.generate(PROMPTS[:1], n)
-    text = tok.decode(single)
-    print(f"单个请求：{text[:60]!r}{'…' if len(text) > 60 else ''}")
+    print(f"单个请求：{shown(tok.decode(single), 60).rstrip()}")
     print(f"  prefill {t_prefill * 1000:.0f} ms，decode 每步 {t_step * 1000:.0f} ms")
     # 2. 骨架做不到的：4 个请求一个 batch
     m.pages_used = 0
@@ -137,7 +146,7 @@ def main() -> None:
     engine.shutdown()
 
     for p, o, ref in zip(PROMPTS, outs, hf_reference(path, tok, PROMPTS, n)):
-        print(f"  {p!r:28} -> {tok.decode(o)[:24]!r:28} 与 HF 一致: {o == ref}")
+        print(f"  {p!r:28} -> {shown(tok.decode(o), 28)} 与 HF 一致: {o == ref}")
     print(f"第一个请求单独跑和放进 batch 跑，{n} 个 token：")
     print(f"单独跑 == batch 里跑：{outs[0] == single}")
 
