@@ -126,7 +126,7 @@ def main() -> None:
           f"KV 池 {engine.num_pages} 页（page_size={engine.config.page_size}）")
     print(f"  {torch.get_num_threads()} 个线程（{who}）")
 
-    m.generate(PROMPTS, 2)  # 预热：第一次前向要分配内存、选核，不算进计时
+    m.generate(PROMPTS, 2)  # 预热：第一次前向要分配内存、填缓存，不算进计时
     # 1. 和第 0 步同一个请求
     [single], t_prefill, t_step = m.generate(PROMPTS[:1], n)
     print(f"单个请求：{shown(tok.decode(single), 60).rstrip()}")
