@@ -42,8 +42,7 @@ ALLOWED_PYTHON = {
 
 
 def _pages() -> list[Path]:
-    """书的页面；docs/snippets/ 里是被 include 的片段，docs/fidelity-notes/ 是写对照页用的底稿
-    （都在 mkdocs.yml 的 exclude_docs 里），不算页面。"""
+    """书的页面；docs/snippets/ 里是被 include 的片段（mkdocs.yml 的 exclude_docs），不算页面。"""
     return sorted(p for p in DOCS.rglob("*.md") if p.relative_to(DOCS).parts[0] != "snippets")
 
 
