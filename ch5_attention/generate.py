@@ -25,6 +25,7 @@ from minisgl.kvcache import create_kvcache_pool
 from minisgl.models import BaseLLMModel, ModelConfig, create_model, load_hf_config, load_weight
 from minisgl.utils import div_ceil, load_tokenizer, torch_dtype
 
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="models/Qwen3-0.6B", help="Hugging Face 格式的模型目录")

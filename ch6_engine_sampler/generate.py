@@ -27,6 +27,7 @@ from minisgl.scheduler import CacheManager, TableManager, add_req, prepare_batch
 from minisgl.server import free_addr, launch_tp
 from minisgl.utils import div_ceil, load_tokenizer
 
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="models/Qwen3-0.6B", help="Hugging Face 格式的模型目录")
