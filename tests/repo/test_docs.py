@@ -124,12 +124,20 @@ def test_task_headings_match_tasks_toml(ck):
     assert got == heads, f"{_page_of(ck).name} 的任务顺序和 tests/tasks.toml 不同：{heads}"
 
 
+def _module_exists(ck, module: str) -> bool:
+    rel = Path(*module.split("."))
+    return (ck.path / rel).with_suffix(".py").is_file() or (ck.path / rel / "__init__.py").is_file()
+
+
 def _imported_names(chapter: int) -> dict[str, str]:
-    """tests/chN/*.py 里 from minisgl... import 的名字 -> 第一次出现的文件。"""
+    """tests/chN/*.py 里 from minisgl... import 的名字 -> 第一次出现的文件。
+    只算这一章已经有的模块：累积测试里给后面几章准备的 import（比如第 4 章的测试在第 5 章起才建注意力后端）不算。"""
+    ck = next(c for c in _chapters() if c.chapter == chapter)
     names: dict[str, str] = {}
     for f in sorted((ROOT / "tests" / f"ch{chapter}").glob("*.py")):
         for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "minisgl":
+            if (isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "minisgl"
+                    and _module_exists(ck, node.module)):
                 for alias in node.names:
                     names.setdefault(alias.name, f.name)
     return names
