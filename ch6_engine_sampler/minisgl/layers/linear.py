@@ -17,7 +17,7 @@ from typing import List
 import torch
 
 from minisgl.distributed import DistributedCommunicator, get_tp_info
-from minisgl.kernel import linear
+from minisgl.kernel import linear  # 和 F.linear 同签名；走哪个核由 Engine 加载后在这台机器上量出来
 from minisgl.utils import div_even
 
 from .base import BaseOP, _check_full_shape
