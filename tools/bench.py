@@ -284,8 +284,9 @@ def render(results: dict[str, Timing], meta: dict[str, str]) -> str:
     e, f, h, s = (results[k].decode for k in ("engine", "floor", "hf", "skeleton"))
     lc = results["llama"].decode if "llama" in results else {}
 
-    def ratio(a: float | None, b: float | None) -> str:
-        return fmt(None if a is None or b is None else a / b, 2)
+    def ratio(a: float | None, b: float | None) -> str:  # 用表里显示的（取整到 0.1 ms 的）数算：读者能照表核对
+        shown = [None if t is None else round(t * 1e3, 1) for t in (a, b)]
+        return fmt(None if None in shown or shown[1] == 0 else shown[0] / shown[1], 2)
 
     ratios = {"engine/floor": (ratio(e[1], f[1]), ratio(e[4], f[4])),
               "hf/engine": (ratio(h[1], e[1]), ratio(h[4], e[4])),
