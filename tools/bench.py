@@ -1,4 +1,5 @@
-"""在同一个进程里并排测：内存带宽下限、第 0 步骨架、HF transformers、第 6 章的 Engine（里程碑手工填 batch 的循环），
+"""在同一个进程里并排测：内存带宽下限、第 0 步骨架、HF transformers、第 6 章的 Engine（用 minisgl.scheduler 的
+TableManager / CacheManager / add_req / prepare_batch / process_output 手工调度，和 generate.py 一样），
 可选再加 llama.cpp（F32 GGUF，同样的线程数）。
 
     .venv/bin/python tools/bench.py --random-qwen3-0.6b   # 没有真权重：Qwen3-0.6B 形状的随机权重，访存量一样
@@ -168,6 +169,38 @@ def time_hf(model, tok, prompts: list[str], steps: int) -> tuple[float, float]:
         return one, (run(steps + 1) - one) / steps
 
 
+PROMPTS = ["The capital of France is", "List three prime numbers:", "def fibonacci(n):", "Once upon a time,"]
+MAX_SEQ_LEN = 256  # 一个请求最多几个位置（和里程碑一样）
+
+
+def load_engine(path: str):
+    """第 6 章的 Engine：fp32、page_size=1、最多 4 个请求，和里程碑的设置一样。"""
+    from minisgl.distributed import DistributedInfo
+    from minisgl.engine import Engine, EngineConfig
+
+    return Engine(EngineConfig(model_path=path, tp_info=DistributedInfo(0, 1), dtype=torch.float32,
+                               max_running_req=4, page_size=1, num_page_override=1024,
+                               max_seq_len_override=MAX_SEQ_LEN))
+
+
+def time_engine(engine, tok, prompts: list[str], n: int) -> tuple[float, float]:
+    """返回 (prefill 秒, decode 每步秒)：调度器一步的全部活（填 batch、前向 + 采样、写回）都算在步里。"""
+    from minisgl.core import SamplingParams
+    from minisgl.scheduler import CacheManager, TableManager, add_req, prepare_batch, process_output
+
+    table = TableManager(engine.config.max_running_req, engine.page_table)
+    cache = CacheManager(engine.num_pages, engine.config.page_size, engine.page_table)
+    reqs = [add_req(engine, table, tok(p).input_ids, SamplingParams(max_tokens=n), uid)
+            for uid, p in enumerate(prompts)]
+    times = []
+    for phase in ["prefill"] + ["decode"] * (n - 1):
+        t0 = time.perf_counter()
+        batch = prepare_batch(engine, table, cache, reqs, phase)
+        process_output(table, cache, reqs, engine.forward_batch(batch, engine.sampler.prepare(batch)))
+        times.append(time.perf_counter() - t0)
+    return times[0], sum(times[1:]) / (n - 1)
+
+
 def pick_path(args: argparse.Namespace) -> str:
     sys.path.insert(0, str(ROOT / "tools"))
     if args.random_qwen3_06b:
@@ -251,8 +284,9 @@ def render(results: dict[str, Timing], meta: dict[str, str]) -> str:
     e, f, h, s = (results[k].decode for k in ("engine", "floor", "hf", "skeleton"))
     lc = results["llama"].decode if "llama" in results else {}
 
-    def ratio(a: float | None, b: float | None) -> str:
-        return fmt(None if a is None or b is None else a / b, 2)
+    def ratio(a: float | None, b: float | None) -> str:  # 用表里显示的（取整到 0.1 ms 的）数算：读者能照表核对
+        shown = [None if t is None else round(t * 1e3, 1) for t in (a, b)]
+        return fmt(None if None in shown or shown[1] == 0 else shown[0] / shown[1], 2)
 
     ratios = {"engine/floor": (ratio(e[1], f[1]), ratio(e[4], f[4])),
               "hf/engine": (ratio(h[1], e[1]), ratio(h[4], e[4])),
@@ -328,17 +362,15 @@ def main() -> None:
     path = pick_path(args)
     out = args.out if args.out is not None else str(SNIPPET_SMOLLM2 if args.smollm2 else SNIPPET)
 
-    sys.path.insert(0, str(ROOT / "ch6_engine_sampler" / "examples"))
+    sys.path.insert(0, str(ROOT / "ch6_engine_sampler"))  # import minisgl 得到第 6 章的检查点
     import transformers
-    from stage1_milestone import PROMPTS, Milestone  # 第 6 章的检查点（它把自己加进 sys.path）
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gc.collect()
     t0 = time.perf_counter()
     with PeakRSS() as rss:
-        milestone = Milestone(path, page_size=1)
+        engine = load_engine(path)
     load_seconds = time.perf_counter() - t0
-    engine = milestone.engine
     kernels = kernel_summary(engine.model)
     weights = sum(t.numel() * t.element_size() for t in engine.model.state_dict().values())  # 绑定的词嵌入只算一次
     kv = 2 * engine.kv_cache.num_layers * engine.kv_cache.k_cache(0).numel() * engine.kv_cache.dtype.itemsize
@@ -359,7 +391,7 @@ def main() -> None:
         if round_gbps > gbps:
             gbps, how = round_gbps, round_how
         for bs in (1, 4):
-            _, t_prefill, t_step = milestone.generate(PROMPTS[:bs], args.steps + 1)
+            t_prefill, t_step = time_engine(engine, tok, PROMPTS[:bs], args.steps + 1)
             results["engine"].keep_best("prefill", bs, t_prefill)
             results["engine"].keep_best("decode", bs, t_step)
             t_prefill, t_step = time_hf(hf, tok, PROMPTS[:bs], args.steps)

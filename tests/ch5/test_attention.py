@@ -7,6 +7,7 @@ prefill）和 GQA 的结果，都要和从头算的稠密注意力一致；凑�
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from contextlib import contextmanager
@@ -340,6 +341,35 @@ def test_task2_reference_is_not_trivial():
     with_prefix = dense_attention(q, k, v, cached_len=4)
     without = dense_attention(q, k[4:], v[4:], cached_len=0)
     assert not torch.allclose(with_prefix, without, atol=1e-3)
+
+
+@pytest.mark.parametrize("phase, seqs", [("prefill", [(7, 0), (5, 3)]), ("decode", [(6, 5), (3, 2)])])
+def test_task2_prepare_metadata_reads_nothing_back(monkeypatch, phase, seqs):
+    """prepare_metadata 每个 batch 跑一次：边界用主存里的整数算，不从张量读回（GPU 上那是一次同步）。"""
+    config = make_config()
+    with attn_env(config, page_size=1, num_pages=16, rows=2, width=8) as ctx:
+        free = [p for p in range(16) if p != POISON_PAGE]
+        reqs = []
+        for i, (total, cached) in enumerate(seqs):
+            allocate(ctx, i, 0, total, free)
+            reqs.append(make_req(total, cached, i, uid=i))
+        batch = make_batch(ctx, reqs, phase)
+        backend = create_attention_backend("torch", config)
+        _prepare_refusing_reads(monkeypatch, backend, batch)
+    bounds = [0, *itertools.accumulate(r.extend_len for r in reqs)]
+    assert batch.attn_metadata.cu_seqlens_q.tolist() == bounds
+    assert [s[:2] for s in batch.attn_metadata.seqs] == list(zip(bounds, bounds[1:]))
+
+
+def _prepare_refusing_reads(monkeypatch, backend, batch) -> None:
+
+    def refuse(self, *args, **kwargs):
+        raise AssertionError("prepare_metadata 从张量读回了主存")
+
+    monkeypatch.setattr(torch.Tensor, "tolist", refuse)
+    monkeypatch.setattr(torch.Tensor, "item", refuse)
+    backend.prepare_metadata(batch)
+    monkeypatch.undo()
 
 
 # ---------------------------------------------------------------- 任务 3：凑批的假请求

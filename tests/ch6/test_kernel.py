@@ -197,3 +197,53 @@ def test_prepare_model_finds_every_linear_and_keeps_the_tied_table(kernel, tiny_
     for k in linear_keys + ([emb] if name == "qwen3-tied" else []):
         x = torch.randn(3, before[k].shape[1])
         torch.testing.assert_close(kernel.linear(x, after[k]), F.linear(x, before[k]), **TIGHT)
+
+
+# ---------------------------------------------------------------- 经由 Engine：每条路都和 HF 逐 token 相同
+
+
+def _engine_tokens(model, n: int) -> tuple[list[list[int]], dict, list[torch.Tensor]]:
+    """4 个提示词一个 batch 经由 Engine 生成 n 个；另返回 Engine 加载后的选择表和模型的二维权重。"""
+    from minisgl.kernel import cpu_linear
+    from tests.ch6.test_engine import engine_of, generate
+    from tests.harness.course import PROMPTS
+    from tests.harness.reference import encode
+
+    with engine_of(model) as e:
+        weights = [w for w in e.model.state_dict().values() if w.dim() == 2]
+        choice = dict(cpu_linear._choice)
+        return generate(e, [encode(model, p) for p in PROMPTS], n), choice, weights
+
+
+@pytest.mark.parametrize("forced", [None, "F.linear", "onednn", "packed"])
+@pytest.mark.parametrize("name", ["qwen3-tied", "qwen3-untied"])
+def test_engine_matches_hf_on_every_kernel(kernel, tiny_models, monkeypatch, name, forced):
+    """MINISGL_LINEAR 逼 Engine 走每一条路（None = 默认：小模型不量，全用 F.linear）：batch 里 4 个提示词都和 HF 相同。
+    同时核对真的走了那条路：packed 换了布局，onednn / F.linear 记进了选择表，默认什么都不记。"""
+    from tests.harness.course import PROMPTS
+    from tests.harness.reference import hf_greedy
+
+    if forced is None:
+        monkeypatch.delenv("MINISGL_LINEAR", raising=False)
+    else:
+        monkeypatch.setenv("MINISGL_LINEAR", forced)
+    model = tiny_models[name]
+    got, choice, weights = _engine_tokens(model, 8)
+    fast = kernel.ONEDNN and forced in ("onednn", "packed")
+    assert any(w.is_mkldnn for w in weights) is (fast and forced == "packed")
+    if kernel.ONEDNN and forced in ("F.linear", "onednn"):
+        assert choice and set(choice.values()) == {forced}
+    if forced is None:
+        assert not choice
+    for p, g in zip(PROMPTS, got):
+        assert g == hf_greedy(str(model), p, 8)[0], f"{name} MINISGL_LINEAR={forced}: {p[:30]!r}"
+
+
+def test_each_engine_chooses_afresh(kernel, tiny_models, monkeypatch):
+    """同一进程里先后建的 Engine：前一个的选择（这里是 onednn）不带给后一个（默认，小模型全用 F.linear）。"""
+    if not kernel.ONEDNN:
+        return _check_fallback(kernel, None)
+    monkeypatch.setenv("MINISGL_LINEAR", "onednn")
+    assert _engine_tokens(tiny_models["qwen3-tied"], 1)[1]
+    monkeypatch.delenv("MINISGL_LINEAR")
+    assert not _engine_tokens(tiny_models["qwen3-tied"], 1)[1]

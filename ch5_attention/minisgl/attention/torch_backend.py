@@ -10,6 +10,7 @@ decode 另有一条批量的快路：每个请求只有 1 个新 token，把各�
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, List, Tuple
 
@@ -38,8 +39,8 @@ class TorchAttnMetadata(BaseAttnMetadata):
         return self.cu_seqlens_q[1:1 + bs] - 1
 
 
-def _cumsum(lengths: List[int], device: torch.device) -> torch.Tensor:
-    return torch.tensor([0] + lengths, dtype=torch.int32, device=device).cumsum(0, dtype=torch.int32)
+def _cumsum(lengths: List[int]) -> List[int]:
+    return [0, *itertools.accumulate(lengths)]
 
 
 class TorchBackend(BaseAttnBackend):
@@ -54,11 +55,11 @@ class TorchBackend(BaseAttnBackend):
     def prepare_metadata(self, batch: Batch) -> None:
         ctx, reqs = get_global_ctx(), batch.padded_reqs
         page_table, device = ctx.page_table, ctx.page_table.device
-        cu_q, cu_k = _cumsum([r.extend_len for r in reqs], device), _cumsum([r.device_len for r in reqs], device)
-        q_bounds, k_bounds = cu_q.tolist(), cu_k.tolist()
+        # 边界在主存里用 Python 整数算好再拷上设备：切片要用整数，而从设备读回来（.tolist()）在 GPU 上是一次同步
+        q_bounds, k_bounds = _cumsum([r.extend_len for r in reqs]), _cumsum([r.device_len for r in reqs])
         batch.attn_metadata = TorchAttnMetadata(
-            cu_seqlens_q=cu_q,
-            cu_seqlens_k=cu_k,
+            cu_seqlens_q=torch.tensor(q_bounds, dtype=torch.int32, device=device),
+            cu_seqlens_k=torch.tensor(k_bounds, dtype=torch.int32, device=device),
             indices=torch.cat([page_table[r.table_idx, :r.device_len] for r in reqs]).long(),  # 每个 batch 转一次
             seqs=[(q_bounds[i], q_bounds[i + 1], k_bounds[i], k_bounds[i + 1], r.cached_len)
                   for i, r in enumerate(reqs)],

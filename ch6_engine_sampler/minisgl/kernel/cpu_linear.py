@@ -170,9 +170,12 @@ def _plan(weights: list[torch.Tensor], rows: list[int], kernel: str | None, can_
 
 def prepare_model(model: object, rows: Sequence[int], **kwargs) -> dict[tuple[int, int], str]:
     """Engine 加载完权重后调一次：找出模型里所有线性层和 LM head，交给 prepare_linear_weights。
-    和词嵌入共用权重的 LM head 只选核、不换布局（查词表要普通布局）。"""
+    和词嵌入共用权重的 LM head 只选核、不换布局（查词表要普通布局）。
+    先忘掉之前的选择：同一进程里先后建的 Engine 各按自己的设置（和当时的 MINISGL_LINEAR）选。"""
     from minisgl.layers.embedding import ParallelLMHead
     from minisgl.layers.linear import _LinearTPImpl
+
+    reset()
 
     owners, keep = [], []
     for op in _walk(model):

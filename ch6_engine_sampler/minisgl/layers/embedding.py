@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from minisgl.core import get_global_ctx
 from minisgl.distributed import DistributedCommunicator, get_tp_info
+from minisgl.kernel import linear  # 和 F.linear 同签名；走哪个核由 Engine 加载后在这台机器上量出来
 from minisgl.utils import div_ceil
 
 from .base import _STATE_DICT, BaseOP, _check_full_shape, _check_leftovers
@@ -76,7 +77,7 @@ class ParallelLMHead(VocabParallelEmbedding):
         if batch.is_prefill:  # 只留每个请求的最后一个 token：(N, D) -> (bs, D)，行号由注意力元数据给出
             x = x[batch.attn_metadata.get_last_indices(batch.size).long()]
         weight = self.weight if self.tied_embedding is None else self.tied_embedding.weight
-        logits = F.linear(x, weight, self.bias)
+        logits = linear(x, weight, self.bias)
         if self.tp_size == 1:
             return logits
         bs = logits.shape[0]

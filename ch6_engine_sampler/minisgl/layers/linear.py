@@ -15,9 +15,9 @@ from __future__ import annotations
 from typing import List
 
 import torch
-import torch.nn.functional as F
 
 from minisgl.distributed import DistributedCommunicator, get_tp_info
+from minisgl.kernel import linear  # 和 F.linear 同签名；走哪个核由 Engine 加载后在这台机器上量出来
 from minisgl.utils import div_even
 
 from .base import BaseOP, _check_full_shape
@@ -40,7 +40,7 @@ class _LinearTPImpl(BaseOP):
         return self._check_full(full, self.full_output_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias)
 
 
 class LinearReplicated(_LinearTPImpl):
@@ -100,7 +100,7 @@ class LinearOProj(_LinearTPImpl):
         return full[:, self._tp_rank * n:(self._tp_rank + 1) * n]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x, self.weight, self.bias)
+        y = linear(x, self.weight, self.bias)
         return self._comm.all_reduce(y) if self._tp_size > 1 else y
 
 
