@@ -121,7 +121,7 @@ def test_chapter_page_renders_with_code_picture_and_collapsed_answers(page):
     page.goto(page.base_url + "/ch4/", wait_until="networkidle")
     assert "第 4 章" in page.locator("h1").first.inner_text()
     headings = [h.strip().rstrip("¶").strip() for h in page.locator(".md-content h2").all_inner_texts()]
-    assert headings[:3] == ["学习目标", "动手前先预测", "自测题"], headings
+    assert headings[:3] == ["学习目标", "动手前先预测", "任务"], headings
     assert _code_blocks(page) >= 5
     assert page.locator(".md-content pre > code", has_text="class MHAKVCache").count() >= 1, "没有渲染出 KV 池的代码"
     answers = page.locator("details.success")
