@@ -356,6 +356,22 @@ def test_task2_rope_matches_hf(scaling, base):
     torch.testing.assert_close(k3, hk, **TIGHT)
 
 
+def test_task2_rope_table_follows_positions():
+    """同一个 RotaryEmbedding 连着用（所有层共用一个）：换一个 positions、或者原地改了 positions，都要按新的位置转。"""
+    torch.manual_seed(5)
+    rope = RotaryEmbedding(16, 16, 64, 10000.0)
+    q, k = torch.randn(3, 32), torch.randn(3, 16)
+    first = torch.tensor([0, 1, 2], dtype=torch.int32)
+    second = torch.tensor([9, 30, 63], dtype=torch.int32)
+    for positions, change in [(first, None), (first, None), (second, None), (second, (1, 5))]:
+        if change is not None:
+            positions[change[0]] = change[1]  # 原地改（GPU 上重放 CUDA 图就是这样喂新位置的）
+        q2, k2 = rope.forward(positions, q, k)
+        hq, hk = hf_rope(q, k, positions, 16, 10000.0, 64, None)
+        torch.testing.assert_close(q2, hq, **TIGHT)
+        torch.testing.assert_close(k2, hk, **TIGHT)
+
+
 def test_task2_rope_llama3_scaling_is_applied():
     torch.manual_seed(3)
     positions = torch.arange(100, 128, dtype=torch.int32)

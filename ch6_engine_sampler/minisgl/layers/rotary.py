@@ -1,7 +1,7 @@
 """旋转位置编码（RoPE），"前一半和后一半配对"的 neox 风格，和 HF 的 rotate_half 一致。
 
 形状约定：positions (N,) 整数；query (N, H_q·D)，key (N, H_kv·D) -> 同形状。
-cos/sin 表按 (max_position, D) 预先算好（前 D/2 列是 cos，后 D/2 列是 sin），forward 只查表。
+cos/sin 表按 (max_position, 2D) 预先算好（每行 [cos, cos, -sin, sin]，各 D/2 列），forward 只查表。
 """
 
 from __future__ import annotations
@@ -57,21 +57,22 @@ class RotaryEmbedding(StateLessOP):
             if rope_type == "llama3":
                 inv_freq = _llama3_inv_freq(inv_freq, scaling)
             freqs = torch.outer(torch.arange(max_position_embeddings, dtype=torch.float32), inv_freq)
-            self._cos_sin_cache = torch.cat([freqs.cos(), freqs.sin()], dim=-1)  # (max_pos, D) fp32
+            cos, sin = freqs.cos(), freqs.sin()  # 各 (max_pos, D/2)
+            # 每行 [cos, cos, -sin, sin]：查一次表就是整头的 cos 和带符号的 sin，旋转只要两次乘一次加
+            self._cos_sin_cache = torch.cat([cos, cos, -sin, sin], dim=-1)  # (max_pos, 2D) fp32
 
     def forward(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
                 ) -> Tuple[torch.Tensor, torch.Tensor]:
         if self._cos_sin_cache.device != positions.device:
             self._cos_sin_cache = self._cos_sin_cache.to(positions.device)  # 只在第一次换设备时搬一次
-        cos, sin = self._cos_sin_cache[positions.long()].chunk(2, dim=-1)  # 各 (N, D/2)
+        cos, sin = self._cos_sin_cache[positions][:, None].chunk(2, dim=-1)  # 各 (N, 1, D)
         return self._rotate(query, cos, sin), self._rotate(key, cos, sin)
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        shape, dtype, d = x.shape, x.dtype, self.head_size
-        x = x.reshape(shape[0], -1, d).float()  # (N, 头数, D)，在 fp32 里转
-        x1, x2 = x[..., : d // 2], x[..., d // 2:]
-        cos, sin = cos[:, None], sin[:, None]
-        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(dtype).reshape(shape)
+        # HF 算 x·cos + rotate_half(x)·sin，rotate_half(x) = [-x2, x1]；负号已经放进表里的 sin，就只剩一次 roll
+        shape, d = x.shape, self.head_size
+        xf = x.reshape(shape[0], -1, d).float()  # (N, 头数, D)，在 fp32 里转
+        return (xf * cos + xf.roll(d // 2, dims=-1) * sin).to(x.dtype).reshape(shape)
 
 
 @functools.cache
