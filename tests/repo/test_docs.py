@@ -233,6 +233,13 @@ def test_every_command_on_the_page_is_runnable(page):
         _check_command(cmd)
 
 
+def test_command_check_catches_a_missing_tool():
+    """python -m tools.X 的 X 必须是 tools/ 里真有的模块（工具改名后书里的命令跟着改）。"""
+    _check_command("python -m tools.make_figures")
+    with pytest.raises(AssertionError, match="tools.no_such_tool"):
+        _check_command("python -m tools.no_such_tool --flag")
+
+
 @pytest.mark.parametrize("ck", _chapters(), ids=lambda c: c.name)
 def test_chapter_page_has_its_test_command(ck):
     cmds = _commands(_section((DOCS / f"ch{ck.chapter}.md").read_text(encoding="utf-8"), "运行本章测试"))
