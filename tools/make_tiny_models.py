@@ -3,8 +3,8 @@
 每个模型都由真正的 transformers 配置类构造、用 save_pretrained 保存，所以它们和真模型走同一条加载路径；
 分词器在仓库自带的语料（英文、中文、代码）上本地训练，不碰任何 hub。结果完全确定：同样的版本，同样的字节。
 
-    python tools/make_tiny_models.py              # 写到 models/tiny/<name>/
-    python tools/make_tiny_models.py --out DIR    # 写到 DIR/<name>/
+    python -m tools.make_tiny_models              # 写到 models/tiny/<name>/
+    python -m tools.make_tiny_models --out DIR    # 写到 DIR/<name>/
 """
 
 from __future__ import annotations

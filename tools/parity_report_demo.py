@@ -3,7 +3,7 @@
 把第 0 步的骨架复制到临时目录，故意跳过 post_attention_layernorm，再用对齐测试同一套代码
 （tests/harness/parity.py）和 HF 比，打印第一份报告。报告的格式一改，书上的样子跟着变。
 
-    python tools/parity_report_demo.py
+    python -m tools.parity_report_demo
 """
 
 from __future__ import annotations
@@ -13,13 +13,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tools"))
-
-from make_tiny_models import make_all  # noqa: E402
-from tests.harness.course import PROMPTS, TINY_NEW_TOKENS  # noqa: E402
-from tests.harness.parity import parity_failures  # noqa: E402
+from tests.harness.parity import parity_failures  # 这个工具就是要展示测试框架自己的报告
+from tools.make_tiny_models import make_all
+from tools.manifest import PROMPTS, ROOT, TINY_NEW_TOKENS
 
 BUG = ('h = rms_norm(x, W[p + "post_attention_layernorm.weight"])', "h = x")
 

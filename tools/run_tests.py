@@ -1,9 +1,9 @@
 """一次跑完全部测试：仓库级测试 + 每个检查点各一个 pytest 进程（它们都有一个叫 minisgl 的包）+ 文档构建。
 
-    python tools/run_tests.py                  # 全部
-    python tools/run_tests.py ch3              # 只测一个检查点（含第 1~3 章的累积测试）
-    python tools/run_tests.py my_ch3 --as ch3  # 读者自己的目录
-    python tools/run_tests.py --real           # 另加真权重一档（没有真模型时先做 models/SmolLM2-135M）
+    python -m tools.run_tests                  # 全部
+    python -m tools.run_tests ch3              # 只测一个检查点（含第 1~3 章的累积测试）
+    python -m tools.run_tests my_ch3 --as ch3  # 读者自己的目录
+    python -m tools.run_tests --real           # 另加真权重一档（没有真模型时先做 models/SmolLM2-135M）
 
 先打印摘要（每个检查点一行；只测一个检查点时再按任务打一张进度表），再打印失败的细节（--tb=short，有上限），
 所以摘要永远不会被长长的张量打印挤掉。
@@ -22,11 +22,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tools"))
-from tests.harness.course import find_checkpoint, load_manifest  # noqa: E402
-from tests.harness.tasks import progress_table  # noqa: E402
+from tests.harness.tasks import progress_table  # 这个工具就是跑测试框架：按任务的进度表是框架的报告
+from tools.manifest import ROOT, find_checkpoint, find_real_model, load_manifest
 
 SITE_TEST = "tests/repo/test_site.py"
 COUNT = re.compile(r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed)")
@@ -64,9 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def ensure_real_model() -> None:
     """--real 却还没有真模型：先做 SmolLM2（只做一次，免得几个进程同时做）。做不出来就说清楚，测试随后失败。"""
-    from make_smollm2 import ModelUnavailable, make_smollm2
-
-    from tests.harness.real import find_real_model
+    from tools.make_smollm2 import ModelUnavailable, make_smollm2
 
     if find_real_model() is None:
         try:
@@ -78,7 +73,7 @@ def ensure_real_model() -> None:
 def main() -> int:
     args, extra = build_parser().parse_known_args()
 
-    from make_tiny_models import make_all
+    from tools.make_tiny_models import make_all
 
     make_all()  # 先写好小模型，免得几个 pytest 进程同时去写
     pytest = [sys.executable, "-m", "pytest", "tests", "-q", "-p", "no:cacheprovider", "-p", "tests.harness.progress",

@@ -17,14 +17,10 @@ from __future__ import annotations
 import ast
 import fnmatch
 import shutil
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from tests.harness.course import Checkpoint, checkpoint_files, load_manifest  # noqa: E402
-from tests.harness.tasks import Task, keep_symbols, load_tasks, match  # noqa: E402
+from tools.manifest import Checkpoint, Task, checkpoint_files, keep_symbols, load_manifest, load_tasks, match
 
 
 @dataclass(frozen=True)

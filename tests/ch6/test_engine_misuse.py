@@ -1,6 +1,7 @@
 """第 6 章：引擎的配置、模型目录和送进 forward_batch 的 batch，错了都在最早的地方报错并说出是哪个。
 
-配置错误在 EngineConfig 构造时就报（不读任何文件：这里的 model_path 根本不存在）；模型目录的错误在读权重之前；
+配置错误在 EngineConfig 构造时就报（不读任何文件：这里的 model_path 根本不存在）；注意力后端的名字和官方一样
+只在建后端时查一次（create_attention_backend）；模型目录的错误在读权重之前；
 batch 的错误在前向之前（请求的长度不会被推进，引擎之后照常可用）。最后是采样器的性质测试。
 """
 
@@ -60,20 +61,22 @@ def test_config_memory_ratio(ratio):
 
 
 @pytest.mark.parametrize("name", ["flash", "torch,nope", "a,b,c"])
-def test_config_unknown_attention_backend(name):
+def test_engine_unknown_attention_backend(tiny_models, name):
     with pytest.raises(ValueError) as e:
-        config(attention_backend=name)
+        Engine(config(tiny_models[MODEL], attention_backend=name))
     msg = str(e.value)
     assert repr(name) in msg and all(n in msg for n in ("torch", "fi", "fa")), msg
+    assert_no_global_state()
 
 
 @pytest.mark.parametrize("name", ["fi", "fa", "fa,fi"])
-def test_config_gpu_backend_without_gpu(monkeypatch, name):
+def test_engine_gpu_backend_without_gpu(monkeypatch, tiny_models, name):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(RuntimeError) as e:
-        config(attention_backend=name)
+        Engine(config(tiny_models[MODEL], attention_backend=name))
     msg = str(e.value)
     assert repr(name.split(",")[0]) in msg and "GPU" in msg, msg
+    assert_no_global_state()
 
 
 @pytest.mark.parametrize("timeout", [0, -1.0, float("nan")])

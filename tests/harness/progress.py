@@ -1,4 +1,4 @@
-"""pytest 插件：把每个测试的结果和一行原因写成 JSON，tools/run_tests.py 据此按任务打进度表。
+"""pytest 插件：把每个测试的结果和一行原因写成 JSON，python -m tools.run_tests 据此按任务打进度表。
 
     pytest ... -p tests.harness.progress   # 环境变量 MINISGL_PROGRESS 指定输出文件
 """

@@ -1,16 +1,13 @@
-"""真权重一档用哪个模型：$MINISGL_MODEL，否则 models/Qwen3-0.6B，否则 models/SmolLM2-135M（tools/make_smollm2.py）。"""
+"""真权重一档：用哪个模型（tools/manifest.py 的 find_real_model）、提示词、没有模型时怎么说。"""
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
-from .course import LONG_PROMPT, ROOT, Checkpoint
+from tools.manifest import LONG_PROMPT, QWEN3, SMOLLM2, Checkpoint, find_real_model, has_weights  # noqa: F401
 
-QWEN3 = ROOT / "models" / "Qwen3-0.6B"
-SMOLLM2 = ROOT / "models" / "SmolLM2-135M"
-MAKE_SMOLLM2 = "python tools/make_smollm2.py"
+MAKE_SMOLLM2 = "python -m tools.make_smollm2"
 DOWNLOAD_QWEN3 = "hf download Qwen/Qwen3-0.6B --local-dir models/Qwen3-0.6B"
 # 英文、中文、代码各两条以上，外加长提示词；真模型上每条 32 个新 token，够走出几十步 decode
 REAL_PROMPTS = ["The capital of France is", "Once upon a time,", "法国的首都是", "从前有一座山，山里有",
@@ -18,17 +15,6 @@ REAL_PROMPTS = ["The capital of France is", "Once upon a time,", "法国的首�
 REAL_NEW_TOKENS = 32
 # config.json 的 model_type -> checkpoints.toml 里 families 的前缀
 FAMILY_PREFIX = {"qwen3": "qwen3", "qwen2": "qwen2", "llama": "llama3"}
-
-
-def has_weights(path: Path) -> bool:
-    return (path / "config.json").is_file() and any(path.glob("*.safetensors"))
-
-
-def find_real_model() -> Path | None:
-    """按优先级找一个现成的真模型目录；都没有时返回 None（不下载，不做）。"""
-    if os.environ.get("MINISGL_MODEL"):
-        return Path(os.environ["MINISGL_MODEL"])
-    return next((p for p in (QWEN3, SMOLLM2) if has_weights(p)), None)
 
 
 def missing_message(path: Path | None) -> str:

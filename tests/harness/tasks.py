@@ -1,69 +1,12 @@
-"""读 tests/tasks.toml：每一章分几个任务，每个任务管哪些代码（符号）和哪些测试。
-
-一个名字（"文件:符号" 或测试的 node id）归属于模式最具体的那个任务：模式里通配符以外的字符最多者胜；
-两个任务打平就是清单写得有歧义（tests/repo/test_workbench.py 会报出来）。
+"""按任务归类测试结果：tests/tasks.toml 的读法（Task、match）在 tools/manifest.py，这里是测试这一侧的
+归类和 run_tests 打印的进度表。两个任务打平就是清单写得有歧义（tests/repo/test_workbench.py 会报出来）。
 """
 
 from __future__ import annotations
 
-import fnmatch
 import re
-import sys
-from dataclasses import dataclass, field
-from pathlib import Path
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
-
-ROOT = Path(__file__).resolve().parents[2]
-TASKS = ROOT / "tests" / "tasks.toml"
-
-
-@dataclass(frozen=True)
-class Task:
-    chapter: int
-    number: int
-    title: str
-    symbols: list[str] = field(default_factory=list)
-    tests: list[str] = field(default_factory=list)
-
-    @property
-    def label(self) -> str:
-        return f"第 {self.chapter} 章 · 任务 {self.number}"
-
-
-def load_tasks() -> dict[int, list[Task]]:
-    data = tomllib.loads(TASKS.read_text(encoding="utf-8"))
-    out: dict[int, list[Task]] = {}
-    for ch in data["chapter"]:
-        out[ch["chapter"]] = [Task(chapter=ch["chapter"], **t) for t in ch["task"]]
-    return out
-
-
-def keep_symbols() -> list[str]:
-    """每一章都原样保留、不做成桩的符号（命令行解析这类脚手架）。"""
-    return tomllib.loads(TASKS.read_text(encoding="utf-8")).get("keep", [])
-
-
-def _specificity(pattern: str) -> int:
-    return len(re.sub(r"[*?]|\[[^\]]*\]", "", pattern))
-
-
-def match(tasks: list[Task], name: str, kind: str) -> list[Task]:
-    """name 归属的任务：只有一个是正常的；空表示没人管，多于一个表示清单有歧义。kind 是 "symbols" 或 "tests"。"""
-    best, hits = -1, []
-    for t in tasks:
-        scores = [_specificity(p) for p in getattr(t, kind) if fnmatch.fnmatchcase(name, p)]
-        if not scores:
-            continue
-        s = max(scores)
-        if s > best:
-            best, hits = s, [t]
-        elif s == best:
-            hits.append(t)
-    return hits
+from tools.manifest import Task, keep_symbols, load_tasks, match  # noqa: F401
 
 
 def chapter_of_test(nodeid: str, chapter: int) -> int:

@@ -1,4 +1,4 @@
-"""docs/snippets/bench_*.md 是 tools/bench.py（和 bench_kernels.py）的一次运行结果，书里直接引用：
+"""docs/snippets/bench_*.md 是 python -m tools.bench（和 tools.bench_kernels）的一次运行结果，书里直接引用：
 核对它们没被手改坏、和脚本现在写的一致。
 
 不计时、不重跑基准：只解析表格，用表里的时间重新算比值和 tokens/s，看和写着的是否对得上。
@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-import bench
+from tools import bench
 
 SNIPPET = bench.SNIPPET
 
@@ -112,7 +112,7 @@ KERNELS = SNIPPET.parent / "bench_kernels.md"
 def test_kernel_table_is_what_bench_kernels_writes():
     """附录引用的线性层核的表：抬头写着命令和机器，列是脚本默认比较的几种做法，GB/s 由 MiB 和 ms 算得出，
     最后一行写着 minisgl.kernel 在同一次运行里给每种形状选了什么。"""
-    import bench_kernels
+    from tools import bench_kernels
 
     assert KERNELS.is_file(), f"{KERNELS} 不存在：运行 {bench_kernels.COMMAND} 生成它"
     text = KERNELS.read_text(encoding="utf-8")

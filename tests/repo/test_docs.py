@@ -1,7 +1,7 @@
 """本书的源文件（docs/*.md）不会和代码脱节：
 
 - 每章的页面按同一个模板排二级标题，本章检查点一节用构建时现算的 diff；
-- 书里写的每条测试命令都真的能跑：run_tests.py 的参数用它自己的解析器核对，检查点名字查清单，
+- 书里写的每条测试命令都真的能跑：tools.run_tests 的参数用它自己的解析器核对，检查点名字查清单，
   pytest 的 -k 关键字必须选得到这一章（累积）的测试；
 - 每一页"任务"一节的小标题和 tests/tasks.toml 的任务一一对应；每个测试从 minisgl import 的名字，
   这一章的页面上（或者构建时生成的接口表里）都写得出来；
@@ -13,19 +13,17 @@ from __future__ import annotations
 
 import ast
 import re
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.harness.course import load_manifest
+from tests.harness.tasks import load_tasks
+from tools import stubs
+from tools.run_tests import build_parser
+
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
-sys.path.insert(0, str(ROOT / "tools"))
-
-import stubs  # noqa: E402
-from run_tests import build_parser  # noqa: E402
-from tests.harness.course import load_manifest  # noqa: E402
-from tests.harness.tasks import load_tasks  # noqa: E402
 
 TEMPLATE = ["学习目标", "动手前先预测", "任务", "运行本章测试", "自测题", "练习", "本章检查点", "对照官方实现",
             "延伸阅读"]
@@ -204,12 +202,12 @@ def _test_names(chapter: int) -> str:
 
 def _check_command(cmd: str) -> None:
     argv = cmd.split()
-    if argv[:2] == ["python", "tools/run_tests.py"]:
+    if argv[:3] == ["python", "-m", "tools.run_tests"]:
         try:
-            args, extra = build_parser().parse_known_args(argv[2:])
+            args, extra = build_parser().parse_known_args(argv[3:])
         except SystemExit:
-            pytest.fail(f"tools/run_tests.py 不认这条命令：{cmd}")
-        assert not [e for e in extra if e.startswith("-")], f"tools/run_tests.py 不认这些参数：{extra}（{cmd}）"
+            pytest.fail(f"tools.run_tests 不认这条命令：{cmd}")
+        assert not [e for e in extra if e.startswith("-")], f"tools.run_tests 不认这些参数：{extra}（{cmd}）"
         if args.checkpoint:
             spec = args.as_chapter if args.as_chapter else args.checkpoint
             assert _checkpoint_by_name(spec), f"{cmd}：清单里没有检查点 {spec!r}"
@@ -223,6 +221,8 @@ def _check_command(cmd: str) -> None:
             for word in re.findall(r"\w+", opts["-k"]):
                 if word not in ("and", "or", "not"):
                     assert word in names, f"{cmd}：-k {word} 在第 {ck.chapter} 章会跑的测试里一个也选不到"
+    elif argv[:2] == ["python", "-m"] and len(argv) > 2 and argv[2].startswith("tools."):
+        assert (ROOT / "tools" / f"{argv[2].removeprefix('tools.')}.py").is_file(), f"{cmd}：没有这个工具"
     elif len(argv) > 1 and argv[0] == "python" and argv[1].endswith(".py") and not argv[1].split("/")[0].isupper():
         assert (ROOT / argv[1]).is_file(), f"{cmd}：没有 {argv[1]}"
 
@@ -233,12 +233,19 @@ def test_every_command_on_the_page_is_runnable(page):
         _check_command(cmd)
 
 
+def test_command_check_catches_a_missing_tool():
+    """python -m tools.X 的 X 必须是 tools/ 里真有的模块（工具改名后书里的命令跟着改）。"""
+    _check_command("python -m tools.make_figures")
+    with pytest.raises(AssertionError, match="tools.no_such_tool"):
+        _check_command("python -m tools.no_such_tool --flag")
+
+
 @pytest.mark.parametrize("ck", _chapters(), ids=lambda c: c.name)
 def test_chapter_page_has_its_test_command(ck):
     cmds = _commands(_section((DOCS / f"ch{ck.chapter}.md").read_text(encoding="utf-8"), "运行本章测试"))
-    ours = [c for c in cmds if c.split()[:2] == ["python", "tools/run_tests.py"] and len(c.split()) == 3]
-    assert any(getattr(_checkpoint_by_name(c.split()[2]), "name", None) == ck.name for c in ours), \
-        f"ch{ck.chapter}.md 的'运行本章测试'里要有 python tools/run_tests.py ch{ck.chapter}"
+    ours = [c for c in cmds if c.split()[:3] == ["python", "-m", "tools.run_tests"] and len(c.split()) == 4]
+    assert any(getattr(_checkpoint_by_name(c.split()[3]), "name", None) == ck.name for c in ours), \
+        f"ch{ck.chapter}.md 的'运行本章测试'里要有 python -m tools.run_tests ch{ck.chapter}"
 
 
 def _triples(lines: list[str]) -> set[tuple[str, str, str]]:

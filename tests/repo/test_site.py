@@ -1,6 +1,6 @@
 """本书：严格构建一遍，再在真的无头浏览器（Debian 的 chromium，Python playwright 驱动）里打开检查。
 
-    python -m pytest tests/repo/test_site.py -q        # tools/run_tests.py 的"文档"一项就是它
+    python -m pytest tests/repo/test_site.py -q        # python -m tools.run_tests 的"文档"一项就是它
 
 检查：里程碑页和一个章节页渲染出代码块（带复制按钮）、导航里每一页的图片都加载成功、搜索"页表"能找到第 4 章、
 浏览器控制台没有错误；中文真的画成了字（没有 CJK 字体时每个汉字都是同一个方框，要失败）；运行输出折行，
@@ -252,9 +252,7 @@ def test_every_page_images_load(page):
 
 def test_build_makes_the_tiny_models_first(monkeypatch):
     """刚克隆的仓库没有 models/tiny/：mkdocs 的 on_pre_build 钩子要先生成它们，页面里的 run(...) 才跑得起来。"""
-    sys.path.insert(0, str(ROOT / "tools"))
-    import make_tiny_models
-    import mkdocs_hooks
+    from tools import make_tiny_models, mkdocs_hooks
 
     calls = []
     monkeypatch.setattr(make_tiny_models, "make_all", lambda *a, **k: calls.append(a) or {})

@@ -6,8 +6,8 @@ import json
 import torch
 from transformers import AutoConfig, AutoTokenizer
 
-from make_tiny_models import FAMILIES, make_all
 from tests.harness.reference import hf_tensors
+from tools.make_tiny_models import FAMILIES, make_all
 
 
 def _digest(path):

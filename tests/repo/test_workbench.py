@@ -21,10 +21,9 @@ import pytest
 
 from tests.harness.course import load_manifest
 from tests.harness.tasks import chapter_of_test, load_tasks, match
+from tools import stubs
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tools"))
-import stubs  # noqa: E402
 
 CHECKPOINTS = load_manifest()
 
@@ -125,7 +124,7 @@ def test_progress_table_counts_and_names_the_first_failure():
 
 
 def test_details_are_capped_keeping_head_and_tail():
-    from run_tests import capped
+    from tools.run_tests import capped
 
     out = "FIRST FAILURE\n" + "x" * 50000 + "\nshort test summary"
     kept = capped(out, 4000)

@@ -21,7 +21,7 @@ SUPPORTED_ATTENTION_BACKENDS: Dict[str, BackendCreator] = {
 
 
 def validate_attn_backend(backend: str, allow_auto: bool = True) -> str:
-    """名字认识、要 GPU 的后端确实有 GPU：唯一检查后端名字的地方，配置时和创建时都走它。"""
+    """名字认识、要 GPU 的后端确实有 GPU。和官方一样由 create_attention_backend 在建后端之前调用，只查这一次。"""
     names = backend.split(",")
     if backend == "auto" and allow_auto:
         return backend
@@ -29,7 +29,7 @@ def validate_attn_backend(backend: str, allow_auto: bool = True) -> str:
     if len(names) > 2 or unknown or not all(names):
         raise ValueError(f"不认识的注意力后端 {backend!r}：可选 {', '.join(SUPPORTED_ATTENTION_BACKENDS)}，"
                          f"或者 \"prefill,decode\" 两个名字用一个逗号连起来")
-    for name in names:  # 没有 GPU 却要 GPU 后端：在配置时就报错，不等加载完权重
+    for name in names:  # 没有 GPU 却要 GPU 后端：说清楚是哪个、改用什么，而不是 ImportError 的回溯
         require_gpu(name)
     return backend
 

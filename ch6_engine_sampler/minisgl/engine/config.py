@@ -7,7 +7,6 @@ from typing import List
 import torch
 from transformers import PretrainedConfig
 
-from minisgl.attention import validate_attn_backend
 from minisgl.distributed import DistributedInfo
 from minisgl.models import ModelConfig, load_hf_config
 
@@ -47,7 +46,6 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.memory_ratio={self.memory_ratio!r}：应当在 (0, 1] 里")
         if not self.distributed_timeout > 0:  # 也挡住 NaN
             raise ValueError(f"EngineConfig.distributed_timeout={self.distributed_timeout!r}：必须是正的秒数")
-        validate_attn_backend(self.attention_backend)  # 不认识的名字、没有 GPU 却要 GPU 后端
 
     @cached_property
     def hf_config(self) -> PretrainedConfig:

@@ -1,0 +1,156 @@
+"""课程的清单：checkpoints.toml（有哪些检查点、各支持什么、改了哪些文件）、tests/tasks.toml（每章的任务）、
+真权重一档用哪个模型。工具和测试都从这里读，谁也不 import 谁的内部。"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parent.parent
+MANIFEST = ROOT / "checkpoints.toml"
+TASKS = ROOT / "tests" / "tasks.toml"
+IGNORED_PARTS = {"__pycache__", ".pytest_cache"}
+
+# 所有检查点共用的提示词：英文、中文、代码，以及一条 60 多个 token 的长提示词
+LONG_PROMPT = (
+    "Prefill processes the whole prompt in one forward pass, decode processes one new token per request per "
+    "step, and batching several requests into one step reads the weights once while computing a few more rows "
+    "of every matrix. 所以把请求攒成批，吞吐就上去了。"
+)
+PROMPTS = ["The capital of France is", "法国的首都是", "def fibonacci(n):", LONG_PROMPT]
+TINY_NEW_TOKENS = 20
+
+QWEN3 = ROOT / "models" / "Qwen3-0.6B"
+SMOLLM2 = ROOT / "models" / "SmolLM2-135M"
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    name: str
+    chapter: int
+    entry: str
+    families: list[str]
+    page_sizes: list[int]
+    changes: list[str] = field(default_factory=list)
+    path: Path = ROOT
+
+    @property
+    def entry_path(self) -> Path:
+        return self.path / self.entry
+
+
+def load_manifest() -> list[Checkpoint]:
+    data = tomllib.loads(MANIFEST.read_text(encoding="utf-8"))
+    return [Checkpoint(**c, path=ROOT / c["name"]) for c in data["checkpoint"]]
+
+
+def find_checkpoint(spec: str, as_chapter: str | None = None) -> Checkpoint:
+    """spec 是清单里的名字（或 ch3 这样的前缀），或者读者自己的目录（此时用 as_chapter 指定按哪一章的要求测）。"""
+    manifest = load_manifest()
+
+    def by_name(s: str) -> Checkpoint | None:
+        hits = [c for c in manifest if c.name == s or c.name.split("_")[0] == s]
+        return hits[0] if len(hits) == 1 else None
+
+    if (ck := by_name(spec)) is not None and as_chapter is None:
+        return ck
+    path = Path(spec).resolve()
+    if not path.is_dir():
+        names = ", ".join(c.name for c in manifest)
+        raise SystemExit(f"找不到检查点 {spec!r}：可选 {names}，或者一个目录（配合 --as chN）")
+    base = by_name(as_chapter or path.name)
+    if base is None:
+        raise SystemExit(f"{path} 不是清单里的检查点：请用 --as step0/ch1/…/ch6 说明按哪一章的要求测试")
+    return Checkpoint(**{**base.__dict__, "path": path})
+
+
+def checkpoint_files(path: Path) -> dict[str, bytes]:
+    """检查点目录里的全部文件（相对路径 -> 内容），跳过缓存目录。"""
+    out = {}
+    for p in sorted(path.rglob("*")):
+        if p.is_file() and not IGNORED_PARTS.intersection(p.parts) and p.suffix != ".pyc":
+            out[p.relative_to(path).as_posix()] = p.read_bytes()
+    return out
+
+
+def use_checkpoint(spec: str) -> Checkpoint:
+    """让 import minisgl 得到这个检查点的包（放到 sys.path 最前面）。
+
+    每个检查点都是一份完整的 minisgl 快照、包名相同，一个进程只能用其中一个：已经 import 了别的检查点就报错，
+    免得测的是另一章的代码。bench、bench_kernels、figures_more 都经过这里，不各自改 sys.path。
+    """
+    ck = find_checkpoint(spec)
+    loaded = sys.modules.get("minisgl")
+    if loaded is not None and ck.path not in Path(loaded.__file__ or "").resolve().parents:
+        raise RuntimeError(f"这个进程已经 import 了 {Path(loaded.__file__ or '?').parent}，不能再换成 {ck.path}")
+    if sys.path[:1] != [str(ck.path)]:
+        sys.path.insert(0, str(ck.path))
+    return ck
+
+
+@dataclass(frozen=True)
+class Task:
+    chapter: int
+    number: int
+    title: str
+    symbols: list[str] = field(default_factory=list)
+    tests: list[str] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return f"第 {self.chapter} 章 · 任务 {self.number}"
+
+
+def load_tasks() -> dict[int, list[Task]]:
+    data = tomllib.loads(TASKS.read_text(encoding="utf-8"))
+    out: dict[int, list[Task]] = {}
+    for ch in data["chapter"]:
+        out[ch["chapter"]] = [Task(chapter=ch["chapter"], **t) for t in ch["task"]]
+    return out
+
+
+def keep_symbols() -> list[str]:
+    """每一章都原样保留、不做成桩的符号（命令行解析这类脚手架）。"""
+    return tomllib.loads(TASKS.read_text(encoding="utf-8")).get("keep", [])
+
+
+def _specificity(pattern: str) -> int:
+    return len(re.sub(r"[*?]|\[[^\]]*\]", "", pattern))
+
+
+def match(tasks: list[Task], name: str, kind: str) -> list[Task]:
+    """name 归属的任务：只有一个是正常的；空表示没人管，多于一个表示清单有歧义。kind 是 "symbols" 或 "tests"。
+
+    一个名字（"文件:符号" 或测试的 node id）归属于模式最具体的那个任务：模式里通配符以外的字符最多者胜。
+    """
+    best, hits = -1, []
+    for t in tasks:
+        scores = [_specificity(p) for p in getattr(t, kind) if fnmatch.fnmatchcase(name, p)]
+        if not scores:
+            continue
+        s = max(scores)
+        if s > best:
+            best, hits = s, [t]
+        elif s == best:
+            hits.append(t)
+    return hits
+
+
+def has_weights(path: Path) -> bool:
+    return (path / "config.json").is_file() and any(path.glob("*.safetensors"))
+
+
+def find_real_model() -> Path | None:
+    """真权重一档的模型：$MINISGL_MODEL，否则 models/Qwen3-0.6B，否则 models/SmolLM2-135M；都没有时 None（不下载）。"""
+    if os.environ.get("MINISGL_MODEL"):
+        return Path(os.environ["MINISGL_MODEL"])
+    return next((p for p in (QWEN3, SMOLLM2) if has_weights(p)), None)
