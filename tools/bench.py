@@ -202,6 +202,37 @@ def time_engine(engine, tok, prompts: list[str], n: int) -> tuple[float, float]:
     return times[0], sum(times[1:]) / (n - 1)
 
 
+MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::mv", "mkldnn::_linear_pointwise")  # 矩阵乘落到的算子
+
+
+def profile_engine_decode(engine, tok) -> str:
+    """bs=1 的一步 decode 用 torch.profiler 看一遍：调了多少个 ATen 算子、算子自身的耗时里矩阵乘占多少。
+    其余的（RMSNorm、RoPE、注意力的小算子、形状变换）每个都要付一次调度开销，这一行说明固定开销从哪来。"""
+    from torch.profiler import ProfilerActivity, profile
+
+    from minisgl.core import SamplingParams
+    from minisgl.scheduler import CacheManager, TableManager, add_req, prepare_batch, process_output
+
+    table = TableManager(engine.config.max_running_req, engine.page_table)
+    cache = CacheManager(engine.num_pages, engine.config.page_size, engine.page_table)
+    reqs = [add_req(engine, table, tok(PROMPTS[0]).input_ids, SamplingParams(max_tokens=4), 0)]
+
+    def step(phase: str) -> None:
+        batch = prepare_batch(engine, table, cache, reqs, phase)
+        process_output(table, cache, reqs, engine.forward_batch(batch, engine.sampler.prepare(batch)))
+
+    step("prefill")
+    step("decode")
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step("decode")
+    top = sum(1 for e in prof.events() if e.cpu_parent is None)  # 前向里直接调用的算子（不数算子内部再调的）
+    total = sum(e.self_cpu_time_total for e in prof.key_averages())
+    matmul = sum(e.self_cpu_time_total for e in prof.key_averages() if e.key in MATMUL_OPS)
+    layers = engine.config.model_config.num_layers
+    return (f"{top} 个 ATen 算子（{layers} 层，平均每层约 {top / layers:.0f} 个，含 view、reshape 这类不搬数据的）；"
+            f"算子自身的耗时里矩阵乘占 {100 * matmul / max(total, 1e-9):.0f}%")
+
+
 def pick_path(args: argparse.Namespace) -> str:
     if args.random_qwen3_06b:
         from tools.make_tiny_models import make_random_qwen3_06b
@@ -270,6 +301,7 @@ def render(results: dict[str, Timing], meta: dict[str, str]) -> str:
              f"日期：{meta['date']}；{meta['machine']}；transformers {meta['transformers']}<br>",
              f"模型：{meta['model']}，fp32 权重 {meta['weights_mib']} MiB；内存读带宽 {meta['bandwidth']}<br>",
              f"线性层的核（Engine 加载后在这台机器上量出来选的）：{meta['kernels']}<br>",
+             f"一步 decode（bs=1，torch.profiler）：{meta['profile']}<br>",
              (f"以下数字来自**一次运行**（decode 取 {meta['steps']} 步的平均，几个实现轮流测，"
               f"每项 {meta['repeat']} 轮取最快），换个时间、换台机器都会有起伏；比的是同一次运行里的相对快慢。"), "",
              "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
@@ -405,6 +437,7 @@ def main() -> None:
             results["llama"].keep_best("decode", 1, llama.decode_seconds(args.steps))
         print(f"第 {r + 1}/{args.repeat} 轮：Engine {results['engine'].decode[1] * 1e3:.1f} / "
               f"{results['engine'].decode[4] * 1e3:.1f} ms/步（bs=1 / bs=4，到目前最快）", flush=True)
+    profile_line = profile_engine_decode(engine, tok)
     engine.shutdown()
     results["floor"] = Timing({1: weights / (gbps * 1e9), 4: weights / (gbps * 1e9)}, {})
 
@@ -417,6 +450,7 @@ def main() -> None:
             "machine": machine_line(), "transformers": transformers.__version__,
             "model": Path(path).name, "weights_mib": f"{weights / 2**20:.0f}", "bandwidth": f"{gbps:.1f} GB/s（{how}）",
             "kernels": f"{kernels}（Engine 加载共 {load_seconds:.1f} 秒）",
+            "profile": profile_line,
             "steps": str(args.steps), "repeat": str(args.repeat), "weights_kv": f"{(weights + kv) / gib:.2f} GiB",
             "peak_rss": "量不到（没有 /proc/self/clear_refs）" if rss.delta is None else f"{rss.delta / gib:.2f} GiB",
             "rss_over": "—" if rss.delta is None else f"{(rss.delta - weights - kv) / gib:+.2f} GiB"}

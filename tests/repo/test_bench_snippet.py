@@ -50,6 +50,7 @@ def test_header_names_command_date_machine_and_versions(snippet):
     assert re.search(r"日期：\d{4}-\d\d-\d\d \d\d:\d\d UTC", text)
     assert re.search(r"机器：.+（.+；L3 .+），\d+ 核；torch \d+\.\d+\S*，\d+ 个线程", text), "CPU 型号、指令集、线程数"
     assert "一次运行" in text and "内存读带宽" in text and "线性层的核" in text
+    assert re.search(r"一步 decode（bs=1，torch.profiler）：\d+ 个 ATen 算子.*矩阵乘占 \d+%", text), "decode 的去向"
 
 
 def test_columns_and_rows_match_what_bench_writes_now(text):
@@ -58,7 +59,7 @@ def test_columns_and_rows_match_what_bench_writes_now(text):
     times, ratios = parse(text)
     keys = [k for k in bench.ROWS if k != "llama" or bench.ROWS["llama"] in [r[0] for r in times]]
     fake = {k: bench.Timing({1: 0.1, 4: 0.2}, {1: 0.3, 4: 0.4}) for k in keys}
-    meta = {k: "x" for k in ("command", "date", "machine", "transformers", "model", "kernels",
+    meta = {k: "x" for k in ("command", "date", "machine", "transformers", "model", "kernels", "profile",
                              "weights_mib", "bandwidth", "steps", "repeat", "peak_rss", "weights_kv", "rss_over")}
     want_times, want_ratios = parse(bench.render(fake, meta))
     assert times[0] == want_times[0] == bench.COLUMNS and ratios[0] == bench.RATIO_COLUMNS
