@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 
@@ -184,8 +184,9 @@ def load_engine(path: str):
                                max_seq_len_override=MAX_SEQ_LEN))
 
 
-def time_engine(engine, tok, prompts: list[str], n: int) -> tuple[float, float]:
-    """返回 (prefill 秒, decode 每步秒)：调度器一步的全部活（填 batch、前向 + 采样、写回）都算在步里。"""
+def engine_steps(engine, tok, prompts: list[str], n: int) -> Iterator[None]:
+    """和 generate.py 一样手工调度 n 步（prefill + n-1 次 decode）：每 next() 一次做完一步的全部活
+    （填 batch、前向 + 采样、写回）。计时和 profile 都只包住 next()。"""
     from minisgl.core import SamplingParams
     from minisgl.scheduler import CacheManager, TableManager, add_req, prepare_batch, process_output
 
@@ -193,11 +194,18 @@ def time_engine(engine, tok, prompts: list[str], n: int) -> tuple[float, float]:
     cache = CacheManager(engine.num_pages, engine.config.page_size, engine.page_table)
     reqs = [add_req(engine, table, tok(p).input_ids, SamplingParams(max_tokens=n), uid)
             for uid, p in enumerate(prompts)]
-    times = []
     for phase in ["prefill"] + ["decode"] * (n - 1):
-        t0 = time.perf_counter()
         batch = prepare_batch(engine, table, cache, reqs, phase)
         process_output(table, cache, reqs, engine.forward_batch(batch, engine.sampler.prepare(batch)))
+        yield
+
+
+def time_engine(engine, tok, prompts: list[str], n: int) -> tuple[float, float]:
+    """返回 (prefill 秒, decode 每步秒)：调度器一步的全部活都算在步里。"""
+    steps, times = engine_steps(engine, tok, prompts, n), []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        next(steps)
         times.append(time.perf_counter() - t0)
     return times[0], sum(times[1:]) / (n - 1)
 
@@ -210,21 +218,11 @@ def profile_engine_decode(engine, tok) -> str:
     其余的（RMSNorm、RoPE、注意力的小算子、形状变换）每个都要付一次调度开销，这一行说明固定开销从哪来。"""
     from torch.profiler import ProfilerActivity, profile
 
-    from minisgl.core import SamplingParams
-    from minisgl.scheduler import CacheManager, TableManager, add_req, prepare_batch, process_output
-
-    table = TableManager(engine.config.max_running_req, engine.page_table)
-    cache = CacheManager(engine.num_pages, engine.config.page_size, engine.page_table)
-    reqs = [add_req(engine, table, tok(PROMPTS[0]).input_ids, SamplingParams(max_tokens=4), 0)]
-
-    def step(phase: str) -> None:
-        batch = prepare_batch(engine, table, cache, reqs, phase)
-        process_output(table, cache, reqs, engine.forward_batch(batch, engine.sampler.prepare(batch)))
-
-    step("prefill")
-    step("decode")
+    steps = engine_steps(engine, tok, PROMPTS[:1], 3)
+    next(steps)  # prefill
+    next(steps)  # 第一次 decode：热身
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        step("decode")
+        next(steps)
     top = sum(1 for e in prof.events() if e.cpu_parent is None)  # 前向里直接调用的算子（不数算子内部再调的）
     total = sum(e.self_cpu_time_total for e in prof.key_averages())
     matmul = sum(e.self_cpu_time_total for e in prof.key_averages() if e.key in MATMUL_OPS)
