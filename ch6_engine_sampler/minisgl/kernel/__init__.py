@@ -3,8 +3,8 @@
 前几章的算子都直接用 F.linear；从第 6 章开始量速度，线性层和 LM head 改调这里的 linear()，
 Engine 加载完权重后调一次 prepare_model()，在这台机器上量出每种形状最快的做法。"""
 
-from .cpu_linear import (KERNELS, ONEDNN, forced_kernel, linear, pack, prepare_linear_weights, prepare_model, report,
-                         reset, run_kernel)
+from .cpu_linear import (KERNELS, ONEDNN, bmm_blocks, forced_kernel, linear, pack, prepare_linear_weights,
+                         prepare_model, report, reset, run_kernel)
 
-__all__ = ["KERNELS", "ONEDNN", "forced_kernel", "linear", "pack", "prepare_linear_weights", "prepare_model", "report",
-           "reset", "run_kernel"]
+__all__ = ["KERNELS", "ONEDNN", "bmm_blocks", "forced_kernel", "linear", "pack", "prepare_linear_weights",
+           "prepare_model", "report", "reset", "run_kernel"]
