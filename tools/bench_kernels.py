@@ -6,7 +6,8 @@
     .venv/bin/python -m tools.bench_kernels --pack-rows 1 4 8   # 比较重排时告诉 oneDNN 的几种行数
 
 几种做法：F.linear（MKL 的 sgemm）、oneDNN 直接吃普通布局的权重、oneDNN 吃加载时按 r 行重排过的权重
-（第 6 章 minisgl/kernel 的 pack）。几种做法轮流测，每项取 --repeat 轮中最快的一轮。
+（第 6 章 minisgl/kernel 的 pack）、权重按输出切成 k 块交给一次 torch.bmm（k = 线程数和它的两倍）。
+几种做法轮流测，每项取 --repeat 轮中最快的一轮。
 最后用 minisgl.kernel 自己的规则在这台机器上量一遍，写出它给每种形状选了什么——引擎加载后做的就是这一步。
 """
 
@@ -34,9 +35,9 @@ PACK_ROWS = [1, 4]  # 默认比较的重排行数：decode 的 batch 1 和里程
 SHAPES = [(4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072)]  # Qwen3-0.6B 一层：qkv、o、gate_up、down
 
 
-def columns(pack_rows: list[int]) -> list[str]:
+def columns(pack_rows: list[int], blocks: list[int]) -> list[str]:
     packed = [f"oneDNN，加载时重排（按 {r} 行）" for r in pack_rows]
-    return ["行数", "F.linear（MKL sgemm）", "oneDNN，普通布局", *packed]
+    return ["行数", "F.linear（MKL sgemm）", "oneDNN，普通布局", *packed, *(f"bmm，切 {k} 块" for k in blocks)]
 
 
 def best_seconds(kinds: dict, rows: int, repeat: int) -> dict[str, float]:
@@ -75,10 +76,13 @@ def main() -> None:
     if not kernel.ONEDNN:
         raise SystemExit("这个 torch 没有 oneDNN 的 linear / 权重重排算子：只有 F.linear 可测")
     nbytes = sum(w.numel() * w.element_size() for w in plain)
-    cols = columns(args.pack_rows)
+    blocks = sorted(set.intersection(*(set(kernel.bmm_blocks(o)) for o, _ in SHAPES)))  # 每种形状都能切的块数
+    cols = columns(args.pack_rows, blocks)
     kinds = {cols[1]: (F.linear, plain), cols[2]: (lambda x, w: kernel.run_kernel("onednn", x, w), plain)}
     for col, r in zip(cols[3:], args.pack_rows):
         kinds[col] = (kernel.linear, [kernel.pack(w, r) for w in plain])
+    for col, k in zip(cols[3 + len(args.pack_rows):], blocks):
+        kinds[col] = (lambda x, w, name=f"bmm/{k}": kernel.run_kernel(name, x, w), plain)
     command = COMMAND if default_run else " ".join(["python", "-m", "tools.bench_kernels"] + sys.argv[1:])
     lines = [f"<!-- 由 tools/bench_kernels.py 生成，不要手改；重新生成：{COMMAND} -->", "",
              f"命令：`{command}`<br>",

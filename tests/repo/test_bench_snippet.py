@@ -122,7 +122,9 @@ def test_kernel_table_is_what_bench_kernels_writes():
     mib = float(re.search(r"fp32 权重 (\d+) MiB", text).group(1))
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in text.splitlines()
             if line.startswith("|") and not re.fullmatch(r"\|(---\|)+", line)]
-    assert rows[0] == bench_kernels.columns(bench_kernels.PACK_ROWS)
+    base = bench_kernels.columns(bench_kernels.PACK_ROWS, [])
+    blocks = [int(m.group(1)) for c in rows[0][len(base):] if (m := re.fullmatch(r"bmm，切 (\d+) 块", c))]
+    assert blocks and rows[0] == bench_kernels.columns(bench_kernels.PACK_ROWS, blocks)  # 块数跟着生成时的线程数
     assert [r[0] for r in rows[1:]] == ["1", "4", "16"]
     for r in rows[1:]:
         for cell in r[1:]:

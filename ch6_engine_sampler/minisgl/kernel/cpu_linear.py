@@ -47,14 +47,16 @@ def _onednn(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> 
     return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
 
 
+# --8<-- [start:bmm]
 def _bmm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, *, blocks: int) -> torch.Tensor:
     """权重按输出切成 blocks 个连续的块（只是 view），一次 bmm 算完：torch 把 batch 维分给各个线程，
-    每个线程顺着读完自己的块。行很少时，这比让一个矩阵乘在线程间细分要读得快（在有的机器上快一倍）。"""
+    每个线程顺着读完自己的块。行很少时，这在有的机器上比让一个矩阵乘在线程间细分读得快。"""
     (n, inp), out = x.shape, w.shape[0]
     y = torch.bmm(w.view(blocks, out // blocks, inp), x.t().expand(blocks, inp, n))  # (块, out/块, n)
     # reshape 在这里得到的是按列存的 view；后面的算子（和下一层的 bmm）吃按行存的快得多，所以整理一次（n = 1 时不搬）
     y = y.permute(2, 0, 1).reshape(n, out).contiguous()
     return y if b is None else y + b
+# --8<-- [end:bmm]
 
 
 _FNS: dict[str, Callable] = {"F.linear": F.linear, "onednn": _onednn}  # 名字 -> 普通布局的核；"bmm/块数" 按需添上
