@@ -127,16 +127,10 @@ def test_measured_choice_follows_the_measurement(kernel, monkeypatch, onednn):
             assert layout == f"packed/{r}"
         else:
             assert layout == (per_row[1] if per_row[1] == per_row[4] else "mixed")
-            # 比 4 行还多（prefill）：照 4 行的选择，只是 bmm 换成 F.linear / oneDNN 里按同样规则选的
-            many = per_row[4]
-            if many.startswith("bmm/"):
-                fast = onednn and ms[("onednn", 4)] < ms[("F.linear", 4)] * (1 - MARGIN)
-                many = "onednn" if fast else "F.linear"
-            assert cpu_linear._choice[(*shape, 5)] == many
             # 没量过的 2、3 行（batch 变小时）照下一个量过的 4 行选
             assert cpu_linear._choice[(*shape, 2)] == cpu_linear._choice[(*shape, 3)] == per_row[4]
     for o, w in zip(owners, plain):
-        for x in _inputs(w.shape[1]):  # 7 行比量过的最多 4 行还多：走上面那一项
+        for x in _inputs(w.shape[1]):  # 7 行比量过的最多 4 行还多：照 4 行的选择走
             torch.testing.assert_close(kernel.linear(x, o.weight), F.linear(x, w), **TIGHT)
 
 

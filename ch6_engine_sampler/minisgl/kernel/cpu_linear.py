@@ -28,10 +28,10 @@ MIN_BYTES = 128 << 20  # 线性层权重合计不到这么多就不量：小于�
 SAMPLE_BYTES = 64 << 20  # 每种形状最多拿这么多权重来量：超过常见的 L3（32 MiB），又不至于让加载变慢
 MARGIN = 0.05  # 别的做法至少快 5% 才换：噪声里的差别不值得走内部算子
 
-# (out, in, 行数) -> 核的名字（"F.linear"、"onednn" 或 "bmm/块数"），行数从 1 到量过的最大行数 + 1（= 更多行）；
+# (out, in, 行数) -> 核的名字（"F.linear"、"onednn" 或 "bmm/块数"），行数从 1 到量过的最大行数；
 # 重排过的权重不查表（只能走 oneDNN）
 _choice: dict[tuple[int, int, int], str] = {}
-_max_rows: dict[tuple[int, int], int] = {}  # 每种形状量过的最大行数；更多行（prefill）查 (out, in, 它 + 1) 那一项
+_max_rows: dict[tuple[int, int], int] = {}  # 每种形状量过的最大行数：更多行（prefill）时照它选
 # 每次测量的记录，给基准和测试看：(out, in) -> {"layout": ..., "ms": {(核, 行数): 最快毫秒}}
 report: dict[tuple[int, int], dict] = {}
 
@@ -84,7 +84,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> t
         return _onednn(x, w, b)
     if _choice and x.dim() == 2 and x.dtype == w.dtype == torch.float32 and x.is_cpu:
         out, inp = w.shape
-        name = _choice.get((out, inp, min(x.shape[0], _max_rows.get((out, inp), 0) + 1)))
+        name = _choice.get((out, inp, min(x.shape[0], _max_rows.get((out, inp), 0))))
         if name is not None:
             return _FNS[name](x, w, b)
     return F.linear(x, w, b)
@@ -158,9 +158,8 @@ def prepare_linear_weights(owners: Iterable[object], rows: Sequence[int], *, kee
                 o.weight = pack(o.weight, packed_rows)
             layouts[shape] = f"packed/{packed_rows}"
         else:
-            # 没量过的行数照下一个量过的行数选（decode 的 batch 变小时），比量过的都多时（prefill）另选
+            # 没量过的行数（decode 的 batch 变小时）照下一个量过的行数选；更多行（prefill）时 linear() 照最多的那个选
             _choice.update({(*shape, n): per_row[next(r for r in rows if r >= n)] for n in range(1, rows[-1] + 1)})
-            _choice[(*shape, rows[-1] + 1)] = _many_rows(per_row[rows[-1]], ms, rows[-1])
             kinds = set(per_row.values())
             layouts[shape] = kinds.pop() if len(kinds) == 1 else "mixed"
         report[shape]["layout"] = layouts[shape]
@@ -210,14 +209,6 @@ def _plan(weights: list[torch.Tensor], rows: list[int], kernel: str | None, can_
     for name in set(per_row.values()):
         _fn(name)  # 选中的 bmm/k 登记进 _FNS：linear() 直接查表
     return per_row, 0, ms
-
-
-def _many_rows(name: str, ms: dict, n: int) -> str:
-    """比量过的最多行数（n）还多时（prefill）用哪个核：照 n 行的选择，只是 bmm 换掉——它为少数几行而设，
-    几十行时每块都成了小的矩阵乘，比整块的慢；换成 n 行时量过的 F.linear / oneDNN 里按同样规则选的那个。"""
-    if not name.startswith("bmm/") or not ms:
-        return name
-    return "onednn" if ms.get(("onednn", n), float("inf")) < ms[("F.linear", n)] * (1 - MARGIN) else "F.linear"
 
 
 def prepare_model(model: object, rows: Sequence[int], **kwargs) -> dict[tuple[int, int], str]:
