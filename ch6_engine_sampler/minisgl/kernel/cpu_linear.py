@@ -113,6 +113,8 @@ def reset() -> None:
     """忘掉所有选择（测试和基准在同一进程里换设置时用）。已经重排过的权重不受影响。"""
     _choice.clear()
     _max_rows.clear()
+    for name in [k for k in _FNS if k.startswith("bmm/")]:
+        del _FNS[name]
     report.clear()
 
 
@@ -160,6 +162,8 @@ def prepare_linear_weights(owners: Iterable[object], rows: Sequence[int], *, kee
         else:
             # 没量过的行数（decode 的 batch 变小时）照下一个量过的行数选；更多行（prefill）时 linear() 照最多的那个选
             _choice.update({(*shape, n): per_row[next(r for r in rows if r >= n)] for n in range(1, rows[-1] + 1)})
+            for name in set(per_row.values()):
+                _fn(name)  # 选中的 bmm/k 登记进 _FNS：linear() 直接查表
             kinds = set(per_row.values())
             layouts[shape] = kinds.pop() if len(kinds) == 1 else "mixed"
         report[shape]["layout"] = layouts[shape]
@@ -206,8 +210,6 @@ def _plan(weights: list[torch.Tensor], rows: list[int], kernel: str | None, can_
     best_r = min(packed, key=packed.get, default=0)
     if best_r and packed[best_r] < plain_ms * (1 - MARGIN):
         return {}, best_r, ms
-    for name in set(per_row.values()):
-        _fn(name)  # 选中的 bmm/k 登记进 _FNS：linear() 直接查表
     return per_row, 0, ms
 
 
