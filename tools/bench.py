@@ -190,8 +190,8 @@ def engine_steps(engine, tok, prompts: list[str], n: int) -> Iterator[None]:
     from minisgl.core import SamplingParams
     from minisgl.scheduler import CacheManager, TableManager, add_req, prepare_batch, process_output
 
-    # 和 generate.py 一样在 inference_mode 里跑（官方调度器的 run_forever 也是）；每一步各进出一次，
-    # 这样 yield 出去时不会把它留给调用方（HF 的 generate 自己包了 no_grad）
+    # 和 generate.py 一样在 inference_mode 里跑（官方调度器的 run_forever 也是；骨架和 HF 在这里也是）；
+    # 每一步各进出一次，这样 yield 出去时不会把它留给调用方
     with torch.inference_mode():
         table = TableManager(engine.config.max_running_req, engine.page_table)
         cache = CacheManager(engine.num_pages, engine.config.page_size, engine.page_table)

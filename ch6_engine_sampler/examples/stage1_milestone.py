@@ -70,19 +70,20 @@ class Milestone:
     def generate(self, prompts: list[str], n: int) -> tuple[list[list[int]], float, float]:
         """返回每个请求的 n 个 token、prefill 用时、decode 平均每步用时。"""
         engine = self.engine
-        table = TableManager(engine.config.max_running_req, engine.page_table)
-        cache = CacheManager(engine.num_pages, engine.config.page_size, engine.page_table)
-        reqs = [add_req(engine, table, self.tok(p).input_ids, SamplingParams(max_tokens=n), uid)
-                for uid, p in enumerate(prompts)]
-        times, outs = [], [[] for _ in reqs]
-        for phase in ["prefill"] + ["decode"] * (n - 1):
-            t0 = time.perf_counter()
-            batch = prepare_batch(engine, table, cache, reqs, phase)  # 调度器的活：行、页、batch 的字段
-            out = engine.forward_batch(batch, engine.sampler.prepare(batch))
-            self.pages_used = max(self.pages_used, engine.num_pages - len(cache.free_slots))
-            for o, t in zip(outs, process_output(table, cache, reqs, out)):
-                o.append(t)
-            times.append(time.perf_counter() - t0)
+        with torch.inference_mode():  # 和 generate.py、官方调度器的循环一样：不记任何求导用的信息，每个算子少一点开销
+            table = TableManager(engine.config.max_running_req, engine.page_table)
+            cache = CacheManager(engine.num_pages, engine.config.page_size, engine.page_table)
+            reqs = [add_req(engine, table, self.tok(p).input_ids, SamplingParams(max_tokens=n), uid)
+                    for uid, p in enumerate(prompts)]
+            times, outs = [], [[] for _ in reqs]
+            for phase in ["prefill"] + ["decode"] * (n - 1):
+                t0 = time.perf_counter()
+                batch = prepare_batch(engine, table, cache, reqs, phase)  # 调度器的活：行、页、batch 的字段
+                out = engine.forward_batch(batch, engine.sampler.prepare(batch))
+                self.pages_used = max(self.pages_used, engine.num_pages - len(cache.free_slots))
+                for o, t in zip(outs, process_output(table, cache, reqs, out)):
+                    o.append(t)
+                times.append(time.perf_counter() - t0)
         return outs, times[0], sum(times[1:]) / (n - 1)
 
 
