@@ -162,9 +162,9 @@ def prepare_linear_weights(owners: Iterable[object], rows: Sequence[int], *, kee
         else:
             # 没量过的行数（decode 的 batch 变小时）照下一个量过的行数选；更多行（prefill）时 linear() 照最多的那个选
             _choice.update({(*shape, n): per_row[next(r for r in rows if r >= n)] for n in range(1, rows[-1] + 1)})
-            for name in set(per_row.values()):
-                _fn(name)  # 选中的 bmm/k 登记进 _FNS：linear() 直接查表
             kinds = set(per_row.values())
+            for name in kinds:
+                _fn(name)  # 选中的 bmm/k 登记进 _FNS：linear() 直接查表
             layouts[shape] = kinds.pop() if len(kinds) == 1 else "mixed"
         report[shape]["layout"] = layouts[shape]
     return layouts
