@@ -62,10 +62,19 @@ def test_every_path_matches_f_linear(kernel, path, has_bias):
 
 
 def test_bmm_blocks_divide_the_output(kernel):
-    """bmm 试的块数：线程数和它的两倍，只取能整除输出维的（每块一样大，才能 view 成 (块, out/块, in)）。"""
-    t = torch.get_num_threads()
-    assert kernel.bmm_blocks(t * 2 * 3) == [k for k in dict.fromkeys((t, 2 * t)) if k > 1]
-    assert all(97 % k == 0 for k in kernel.bmm_blocks(97))  # 质数：除了 97 自己（线程数）谁都不整除
+    """bmm 试的块数：线程数和它的两倍，只取大于 1、能整除输出维的（每块一样大，才能 view 成 (块, out/块, in)）。"""
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert kernel.bmm_blocks(12) == [2, 4]
+        assert kernel.bmm_blocks(6) == [2]  # 4 不整除 6
+        assert kernel.bmm_blocks(7) == []  # 谁都不整除：这种形状不参加 bmm
+        torch.set_num_threads(1)
+        assert kernel.bmm_blocks(12) == [2]  # 1 块就是整个矩阵乘，不算一种新做法
+        torch.set_num_threads(3)
+        assert kernel.bmm_blocks(12) == [3, 6]
+    finally:
+        torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("forced", ["F.linear", "onednn", "packed", "bmm"])
