@@ -10,7 +10,6 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-from minisgl import kernel
 from minisgl.attention import create_attention_backend
 from minisgl.core import Batch, Context, Req, reset_global_ctx, set_global_ctx
 from minisgl.distributed import reset_tp_info, set_tp_info
@@ -72,8 +71,6 @@ class Engine:
         with torch.device("meta"), torch_dtype(config.dtype):
             self.model = create_model(model_config)
         self.model.load_state_dict(self._load_weight_state_dict(config))
-        # 哪个矩阵乘核快因 CPU 而异：加载后在这台机器上按形状量一次再选（小模型不量，全用 F.linear），见 minisgl/kernel
-        kernel.prepare_model(self.model, rows=sorted({1, min(4, config.max_running_req)}))
 
         self.num_pages = self._determine_num_pages(config)
         self.ctx.kv_cache = self.kv_cache = create_kvcache_pool(
