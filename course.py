@@ -77,6 +77,14 @@ def demo(extra: list[str]) -> int:
                            env=env)
 
 
+def _shown(path: Path) -> str:
+    """打印给读者复制的路径：在当前目录下就写相对路径，否则写绝对路径（在哪里复制粘贴都找得到）。"""
+    try:
+        return str(path.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
 def start(extra: list[str]) -> int:
     """第 N 章的起点：上一章的检查点 + 本章的桩（tools.stubs 从参考检查点现生成）。"""
     if not extra or len(extra) > 2:
@@ -95,7 +103,8 @@ def start(extra: list[str]) -> int:
     tag = ck.name.split("_")[0]
     print(f"{dest}：{stubs.previous(ck).name if stubs.previous(ck) else '空目录'} + 第 {ck.chapter} 章的 "
           f"{len(made)} 个桩（raise NotImplementedError 的地方就是要你写的）。")
-    print(f"照着 docs/{tag}.md 的「任务」一节写；随时看进度：python course.py check {dest.name} --as {tag}")
+    print(f"照着 docs/{tag}.md 的「任务」一节写；随时看进度：python {_shown(Path(__file__).resolve())} check "
+          f"{_shown(dest)} --as {tag}")
     return 0
 
 

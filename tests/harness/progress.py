@@ -5,9 +5,11 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
+import textwrap
 
 import pytest
 
@@ -17,6 +19,7 @@ _REASONS = [re.compile(r"NotImplementedError: .*"), re.compile(r"提示词 .*第
 
 
 def one_line_reason(report) -> str:
+    """进度表里的一行原因：桩、对齐报告、没抛的异常、没对上的 match=、失败的断言本身（不是它附带的输出）。"""
     text = str(report.longrepr or "")
     for pattern in _REASONS:
         hits = pattern.findall(text)
@@ -24,7 +27,39 @@ def one_line_reason(report) -> str:
             return re.split(r"\\n|['\"]\s*[=,)]", hits[-1])[0].strip()  # 子进程输出的 repr 里换行是 \\n
     crash = getattr(report.longrepr, "reprcrash", None)
     msg = crash.message if crash is not None else text.strip().splitlines()[-1] if text.strip() else ""
-    return msg.strip().splitlines()[0] if msg.strip() else ""
+    first = msg.strip().splitlines()[0] if msg.strip() else ""
+    if first.startswith("Failed: DID NOT RAISE"):
+        return first.removeprefix("Failed: ")
+    if "Regex pattern did not match" in msg:
+        want = re.search(r"(?:Expected )?[Rr]egex: (.*)", msg)
+        got = re.search(r"(?:Actual message|Input): (.*)", msg)
+        return f"match= 没对上：要 {want.group(1) if want else '?'}，实际是 {got.group(1) if got else '?'}"
+    if first.startswith("AssertionError") or first.startswith("assert "):
+        stmt = _failed_assert(report)
+        if stmt:
+            why = [line for line in msg.splitlines() if line.startswith("assert ")]
+            short = why and len(why[-1]) <= 60 and why[-1] != stmt  # 长的展开多半是整段输出，不要
+            return stmt + (f"（{why[-1]}）" if short else "")
+    return first
+
+
+def _failed_assert(report) -> str:
+    """失败的那条 assert 语句（只要条件，不要它附带的消息：消息常常是子进程的整段 stderr）。"""
+    entries = getattr(getattr(report.longrepr, "reprtraceback", None), "reprentries", None) or []
+    lines = getattr(entries[-1], "lines", []) if entries else []
+    start = next((i for i, line in enumerate(lines) if line.startswith(">")), None)
+    if start is None:
+        return ""
+    body = [lines[start][1:]] + [line for line in lines[start + 1:] if not line.startswith("E")][:8]
+    for n in range(len(body), 0, -1):  # 多行的 assert：取能解析的最长前缀
+        try:
+            node = ast.parse(textwrap.dedent("\n".join(body[:n])).strip()).body[0]
+        except (SyntaxError, IndexError):
+            continue
+        if isinstance(node, ast.Assert):
+            return f"assert {ast.unparse(node.test)}"
+        return ""
+    return ""
 
 
 def pytest_runtest_logreport(report):

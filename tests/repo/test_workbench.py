@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -142,3 +143,48 @@ def test_progress_table_prefers_the_failure_naming_its_own_task():
     }
     table, _ = progress_table(results, 4)
     assert "test_task1_b：NotImplementedError: 第 4 章 · 任务 1" in table and "test_task1_a" not in table
+
+
+def test_progress_reason_is_the_failed_expectation_not_captured_output(tmp_path):
+    """一行原因是失败的断言本身或 DID NOT RAISE，不是断言附带的子进程 stderr 的第一行。"""
+    (tmp_path / "test_reasons.py").write_text(textwrap.dedent('''
+        import pytest
+        ERR = "Traceback (most recent call last):\\n  File x\\nValueError: boom"
+        def test_assert_with_stderr_message():
+            assert "--prompt ''" in ERR and "Traceback" not in ERR, ERR
+        def test_did_not_raise():
+            with pytest.raises(ValueError):
+                pass
+        def test_match():
+            with pytest.raises(ValueError, match="vocab_size="):
+                raise ValueError("nope")
+        def test_multiline_assert():
+            x = 3
+            assert (x ==
+                    2), ERR
+    '''), encoding="utf-8")
+    out = tmp_path / "progress.json"
+    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.harness.progress",
+                    str(tmp_path / "test_reasons.py")], cwd=ROOT, env=dict(os.environ, MINISGL_PROGRESS=str(out)),
+                   capture_output=True, text=True)
+    reasons = {k.split("::")[-1]: v["reason"] for k, v in json.loads(out.read_text()).items()}
+    assert reasons["test_assert_with_stderr_message"].startswith("assert \"--prompt ''\" in ERR"), reasons
+    assert reasons["test_did_not_raise"] == "DID NOT RAISE ValueError", reasons
+    assert "vocab_size=" in reasons["test_match"] and "nope" in reasons["test_match"], reasons
+    assert reasons["test_multiline_assert"].startswith("assert x == 2"), reasons
+    assert not any("Traceback" in r.split("（")[0] and "not in" not in r for r in reasons.values()), reasons
+
+
+@pytest.mark.parametrize("where", ["inside", "elsewhere"])
+def test_start_prints_a_check_command_that_resolves(tmp_path, where):
+    """course.py start ch1 /绝对路径：打印的 check 命令在当前目录下照抄就能跑（脚本和目录都找得到）。"""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    dest = cwd / "mine" if where == "inside" else tmp_path / "mine"
+    res = subprocess.run([sys.executable, str(ROOT / "course.py"), "start", "ch1", str(dest)], cwd=cwd,
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+    cmd = res.stdout.split("随时看进度：")[-1].split()
+    assert cmd[0] == "python" and cmd[2] == "check" and cmd[4:] == ["--as", "ch1"], cmd
+    assert (cwd / cmd[1]).resolve() == (ROOT / "course.py").resolve(), cmd
+    assert (cwd / cmd[3]).resolve() == dest.resolve(), cmd
