@@ -10,6 +10,7 @@ python course.py test --no-real 只跑小模型一档。
 
     python course.py start ch4 [DIR]          # 复制第 3 章，把第 4 章新增、修改的代码写成桩（默认目录 my_ch4）
     python course.py check my_ch4 --as ch4    # 按任务列出进度：每个任务通过几个、第一个没通过的测试和原因
+    python course.py trace --page-size 4      # 一步一步看引擎的状态，写成 trace.html（--against ch4 找第一个不同）
 
 其余参数原样传下去，例如 python course.py test ch3 只测第 3 章的检查点。
 """
@@ -118,13 +119,17 @@ def test(extra: list[str]) -> int:
 
 
 def main() -> int:
-    if len(sys.argv) < 2 or sys.argv[1] not in ("demo", "test", "start", "check"):
+    if len(sys.argv) < 2 or sys.argv[1] not in ("demo", "test", "start", "check", "trace"):
         print(__doc__)
         return 2
     ensure_env()
     cmd, extra = sys.argv[1], sys.argv[2:]
     if cmd == "demo":
         return demo(extra)
+    if cmd == "trace":  # 记录、比较、画图都在 tools/trace.py
+        from tools.trace import main as trace_main
+
+        return trace_main(extra)
     if cmd == "start":
         return start(extra)
     if cmd == "check":  # 读者的目录：tools.run_tests 的 --as 模式，摘要是按任务的进度表

@@ -1,0 +1,174 @@
+"""一步一步看引擎的状态：用检查点自己的 generate.py 跑一遍，记下每一步，写成一个离线就能打开的 HTML。
+
+    python course.py trace [CHECKPOINT] [--as chN] [--against REF] [--model DIR] [--prompt TEXT ...]
+                           [--max-new-tokens N] [--page-size P ...] [-o FILE]
+
+CHECKPOINT 默认 ch6，也可以是自己的目录（配合 --as chN）。--page-size 给几次就并排几份。
+--against REF 在同样的输入上再跑参考检查点，先报出第一个不同的步和字段，HTML 里标出同一处。
+记录在检查点的进程里做（tools/trace_record.py），不改章节代码；画图在 tools/trace_html.py。
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from tools.manifest import ROOT, Checkpoint, find_checkpoint, has_weights
+
+FAMILIES = {"Qwen3ForCausalLM": ("qwen3-tied", "qwen3-untied"), "Qwen2ForCausalLM": ("qwen2",),
+            "LlamaForCausalLM": ("llama3",)}
+MILESTONE = ROOT / "ch6_engine_sampler" / "examples" / "stage1_milestone.py"
+
+
+class TraceError(Exception):
+    """给读者看的一行错误（前面加"错误："打印），不打印回溯。"""
+
+
+def milestone_prompts() -> list[str]:
+    """里程碑脚本的 4 个提示词（从它的源码里读，不抄一份）。"""
+    tree = ast.parse(MILESTONE.read_text(encoding="utf-8"))
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "PROMPTS" for t in node.targets):
+            return list(ast.literal_eval(node.value))
+    raise TraceError(f"{MILESTONE} 里没有 PROMPTS")
+
+
+def default_model() -> Path:
+    """和演示用同一个模型：Qwen3-0.6B，否则 SmolLM2-135M（没有就现做），都不行才用离线小模型。"""
+    from tools.make_smollm2 import ModelUnavailable, make_smollm2
+    from tools.make_tiny_models import make_all
+
+    if has_weights(ROOT / "models" / "Qwen3-0.6B"):
+        return ROOT / "models" / "Qwen3-0.6B"
+    try:
+        return make_smollm2(quiet=True)
+    except ModelUnavailable as e:
+        print(f"没有真模型，改用离线小模型：{str(e).splitlines()[0]}", file=sys.stderr)
+        return make_all(names=["qwen3-tied"])["qwen3-tied"]
+
+
+def check_inputs(ck: Checkpoint, model: Path, page_sizes: list[int]) -> None:
+    if ck.chapter == 0:
+        raise TraceError("第 0 步的骨架没有 Req 和 Batch，没有可以记录的步：从 ch1 起才能 trace")
+    if not (model / "config.json").is_file():
+        raise TraceError(f"--model {model}：找不到 {model / 'config.json'}")
+    if ck.chapter < 4 and page_sizes != [1]:
+        raise TraceError(f"--page-size {page_sizes}：第 {ck.chapter} 章还没有分页 KV，只能是 1（分页从第 4 章开始）")
+    arch = (json.loads((model / "config.json").read_text(encoding="utf-8")).get("architectures") or ["?"])[0]
+    if not set(FAMILIES.get(arch, ())) & set(ck.families):
+        raise TraceError(f"--model {model} 是 {arch}，第 {ck.chapter} 章只支持 {'、'.join(ck.families)}："
+                         f"换一个模型，例如 --model models/tiny/qwen3-tied")
+
+
+def run_trace(ck: Checkpoint, model: Path, prompts: list[str], max_new_tokens: int, page_size: int) -> dict:
+    """在检查点自己的进程里跑它的 generate.py，返回每一步的记录（出错时 error 说明原因，已走完的步保留）。"""
+    gen = ["--model", str(model), *[a for p in prompts for a in ("--prompt", p)],
+           "--max-new-tokens", str(max_new_tokens), "--json"] + (["--page-size", str(page_size)] if ck.chapter >= 4 else [])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ck.path), str(ROOT)]))
+    with tempfile.TemporaryDirectory() as d:
+        out = Path(d) / "trace.json"
+        res = subprocess.run([sys.executable, "-m", "tools.trace_record", str(out), "--", *gen], cwd=ck.path, env=env,
+                             capture_output=True, text=True)
+        if out.exists():
+            data = json.loads(out.read_text(encoding="utf-8"))
+        else:  # 检查点连 import 都没过
+            lines = (res.stderr or res.stdout).strip().splitlines()
+            data = {"steps": [], "vocab": {}, "error": lines[-1] if lines else f"退出码 {res.returncode}"}
+    if data["error"]:
+        data["error"] = data["error"].removeprefix("错误：")
+    return {"checkpoint": ck.path.name, "chapter": ck.chapter, "model": model.name, "page_size": page_size,
+            "prompts": prompts, "max_new_tokens": max_new_tokens, **data}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # 一行中文，不打印用法和回溯
+        message = message.replace("unrecognized arguments:", "不认识的参数：").replace("argument ", "")
+        raise TraceError(message)
+
+
+def _positive(name: str):
+    def parse(s: str) -> int:
+        if not s.isdigit() or int(s) < 1:
+            raise argparse.ArgumentTypeError(f"要一个正整数，收到 {s!r}")
+        return int(s)
+    parse.__name__ = name
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = _Parser(prog="python course.py trace", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("checkpoint", nargs="?", default="ch6", help="chN、检查点名字，或自己的目录（配合 --as）")
+    ap.add_argument("--as", dest="as_chapter", help="自己的目录按哪一章跑（ch1…ch6）")
+    ap.add_argument("--against", help="参考检查点：报出第一个不同的步和字段")
+    ap.add_argument("--model", type=Path, help="默认和 python course.py demo 用同一个模型")
+    ap.add_argument("--prompt", action="append", help="可以给多次；默认里程碑的 4 个提示词")
+    ap.add_argument("--max-new-tokens", type=_positive("--max-new-tokens"), default=16)
+    ap.add_argument("--page-size", type=_positive("--page-size"), action="append",
+                    help="一页几个槽位；给几次就并排几份（默认 1）")
+    ap.add_argument("-o", "--output", type=Path, default=Path("trace.html"), help="写到哪个 HTML 文件")
+    return ap
+
+
+def _checkpoint(spec: str, as_chapter: str | None) -> Checkpoint:
+    try:
+        return find_checkpoint(spec, as_chapter)
+    except SystemExit as e:  # 清单给的说明本来就是一句中文
+        raise TraceError(str(e)) from None
+
+
+def trace(argv: list[str]) -> tuple[list[dict], dict | None, Path]:
+    """解析参数、跑检查点（和参考），写 HTML。返回 (每份记录, 第一个不同, 写到的文件)。"""
+    from tools.trace_diff import first_difference
+    from tools.trace_html import render
+
+    args = build_parser().parse_args(argv)
+    ck = _checkpoint(args.checkpoint, args.as_chapter)
+    ref = _checkpoint(args.against, None) if args.against else None
+    page_sizes = args.page_size or [1]
+    if ref is not None and len(page_sizes) > 1:
+        raise TraceError("--against 只能配一个 --page-size")
+    if args.output.is_dir() or not args.output.resolve().parent.is_dir():
+        raise TraceError(f"-o {args.output}：要一个文件路径，它所在的目录必须已经存在")
+    model = args.model.resolve() if args.model else default_model()
+    for c in [ck] + ([ref] if ref else []):
+        check_inputs(c, model, page_sizes)
+    prompts = args.prompt or milestone_prompts()
+    traces = [run_trace(ck, model, prompts, args.max_new_tokens, ps) for ps in page_sizes]
+    if not traces[0]["steps"] and traces[0]["error"] and ref is None:
+        raise TraceError(f"{ck.path.name} 第 1 步之前就停了：{traces[0]['error']}")
+    diff = None
+    if ref is not None:
+        traces.append(run_trace(ref, model, prompts, args.max_new_tokens, page_sizes[0]))
+        diff = first_difference(traces[0], traces[1])
+    args.output.write_text(render(traces, diff), encoding="utf-8")
+    return traces, diff, args.output
+
+
+def main(argv: list[str] | None = None) -> int:
+    """打印顺序：有 --against 时先是第一个不同（或"没有不同"），然后是写到的文件。"""
+    try:
+        traces, diff, out = trace(sys.argv[1:] if argv is None else argv)
+    except TraceError as e:
+        print(f"错误：{e}", file=sys.stderr)
+        return 2
+    if len(traces) == 2 and diff is None and not traces[0]["error"]:
+        print(f"和参考 {traces[1]['checkpoint']} 逐步逐字段相同（{len(traces[0]['steps'])} 步）")
+    elif diff is not None:
+        print(diff["message"])
+    failed = [t for t in traces if t["error"]]
+    for t in failed:
+        print(f"错误：{t['checkpoint']} 在第 {len(t['steps'])} 步停下：{t['error']}", file=sys.stderr)
+    steps = len(traces[0]["steps"])
+    print(f"写好了 {out}：{steps} 步，用浏览器打开（左右方向键换步）")
+    return 1 if diff is not None or failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
