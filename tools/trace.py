@@ -18,7 +18,6 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
 
 from tools.manifest import ROOT, Checkpoint, find_checkpoint, has_weights
 
@@ -70,7 +69,7 @@ def check_inputs(ck: Checkpoint, model: Path, page_sizes: list[int]) -> None:
 def run_trace(ck: Checkpoint, model: Path, prompts: list[str], max_new_tokens: int, page_size: int) -> dict:
     """在检查点自己的进程里跑它的 generate.py，返回每一步的记录（出错时 error 说明原因，已走完的步保留）。"""
     gen = ["--model", str(model), *[a for p in prompts for a in ("--prompt", p)],
-           "--max-new-tokens", str(max_new_tokens), "--json"] + (["--page-size", str(page_size)] if ck.chapter >= 4 else [])
+           "--max-new-tokens", str(max_new_tokens), "--page-size", str(page_size), "--json"]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ck.path), str(ROOT)]))
     with tempfile.TemporaryDirectory() as d:
         out = Path(d) / "trace.json"
@@ -103,7 +102,8 @@ def _positive(name: str):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = _Parser(prog="python course.py trace", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = _Parser(prog="python course.py trace", description=__doc__,
+                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("checkpoint", nargs="?", default="ch6", help="chN、检查点名字，或自己的目录（配合 --as）")
     ap.add_argument("--as", dest="as_chapter", help="自己的目录按哪一章跑（ch1…ch6）")
     ap.add_argument("--against", help="参考检查点：报出第一个不同的步和字段")

@@ -44,8 +44,21 @@ def _step_diff(s: dict, r: dict) -> tuple[str, str, str] | None:
         checks += [(f"前向之后请求 {i} 的 {f}", x[f], y[f], f"after:{i}:{f}", "after") for f in REQ_FIELDS[2:]]
     for name, a, b, key, state in checks:
         if (d := _list_diff(name, a, b, key)) is not None:
-            return d[0], state, d[1]
+            return d[0] + _where(s, d[1]), state, d[1]
     return None
+
+
+def _where(s: dict, key: str) -> str:
+    """batch 里第 j 个新 token 是哪个请求的哪个位置：'（请求 0 的位置 12）'。"""
+    name, _, j = key.partition(":")
+    if name not in ("positions", "input_ids", "out_loc") or not j.isdigit() or s["positions"] is None:
+        return ""
+    j, start = int(j), 0
+    for r in s["reqs"]:
+        if j < start + r["extend_len"]:
+            return f"（请求 {r['uid']} 的位置 {s['positions'][j]}）" if j < len(s["positions"]) else ""
+        start += r["extend_len"]
+    return "（凑批的假请求）"
 
 
 def first_difference(ours: dict, ref: dict) -> dict | None:
@@ -54,7 +67,8 @@ def first_difference(ours: dict, ref: dict) -> dict | None:
         head = f"第 {k + 1} 步 {r['phase']}"
         if k >= len(ours["steps"]):
             why = f"它出错了：{ours['error']}" if ours["error"] else "它提前停了"
-            return {"step": k, "state": "prepared", "key": "step", "message": f"{head}：你的检查点没有走到这一步（{why}）"}
+            return {"step": k, "state": "prepared", "key": "step",
+                    "message": f"{head}：你的检查点没有走到这一步（{why}）"}
         s = ours["steps"][k]
         if "after" not in s and "after" in r:
             return {"step": k, "state": "after", "key": "step",
@@ -63,7 +77,8 @@ def first_difference(ours: dict, ref: dict) -> dict | None:
             return {"step": k, "state": d[1], "key": d[2], "message": f"{head}：{d[0]}"}
     if len(ours["steps"]) > len(ref["steps"]):
         k = len(ref["steps"])
-        return {"step": k, "state": "prepared", "key": "step", "message": f"第 {k + 1} 步：参考已经结束，你的检查点多走了一步"}
+        return {"step": k, "state": "prepared", "key": "step",
+                "message": f"第 {k + 1} 步：参考已经结束，你的检查点多走了一步"}
     if ours["error"] and not ref["error"]:
         return {"step": max(0, len(ours["steps"]) - 1), "state": "after", "key": "step",
                 "message": f"全部步都一样，但你的检查点最后出错了：{ours['error']}"}

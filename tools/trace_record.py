@@ -159,7 +159,8 @@ def record(gen_args: list[str], model: str) -> dict:
             generate.main(gen_args)
     except SystemExit as e:
         if e.code not in (0, None):
-            error = e.code if isinstance(e.code, str) else (err.getvalue().strip().splitlines() or ["退出码 %s" % e.code])[-1]
+            lines = err.getvalue().strip().splitlines() or [f"退出码 {e.code}"]
+            error = e.code if isinstance(e.code, str) else lines[-1]
     except Exception as e:  # noqa: BLE001  读者的代码抛什么都要记下来，已经走完的步照样保留
         error = f"{type(e).__name__}: {e}"
     rec.finish()

@@ -97,7 +97,11 @@
 
   function pool(box, t, s, after, color) {
     const P = s.pool, ps = P.page_size, owner = new Map();
-    for (const [slot, uid, p] of s.slots) owner.set(slot, [uid, p]);
+    const shared = new Map();  // 一个槽位被几个位置共用：页表写错了（正确的引擎里不会有）
+    for (const [slot, uid, p] of s.slots) {
+      if (owner.has(slot)) shared.set(slot, (shared.get(slot) || [owner.get(slot)]).concat([[uid, p]]));
+      owner.set(slot, [uid, p]);
+    }
     const byUid = new Map(s.reqs.map((r, i) => [r.uid, [r, after && s.after ? s.after[i] : r]]));
     const free = P.num_pages - s.pages.length - (P.dummy_page !== null && !s.pages.includes(P.dummy_page) ? 1 : 0);
     box.append(el("h2", null, "KV 池：" + P.num_pages + " 页 × " + ps + " 个槽位，用到 " + s.pages.length +
@@ -106,6 +110,7 @@
     const sample = (cls, text) => { const sp = el("span"); sp.append(el("span", "slot " + cls), text); legend.append(sp); };
     sample("filled r0", "已写入的 KV"); sample("writing r0", "这一步要写（out_loc）"); sample("", "空闲");
     if (P.dummy_page !== null) sample("dummyslot", "假页");
+    if (shared.size) sample("shared r0", "被几个位置共用（页表写错了）");
     box.append(legend);
     const grid = el("div", "pool");
     for (let pg = 0; pg < P.num_pages; pg++) {
@@ -123,6 +128,11 @@
           cls += " " + color(uid) + state; text = p;
           tipText = "槽位 " + slot + " · 第 " + pg + " 页\n请求 " + uid + " · 位置 " + p + " · token " +
             JSON.stringify(tok(t, r.tokens[p])) + " (" + r.tokens[p] + ")" + (state === " writing" ? "\n这一步写入" : "");
+        }
+        if (shared.has(slot)) {
+          cls += " shared";
+          tipText += "\n注意：这个槽位同时是 " + shared.get(slot).map(([u, p]) => "请求 " + u + " 的位置 " + p).join("、") +
+            " 的 KV：后写的覆盖先写的";
         }
         page.append(el("span", cls, text, {"data-slot": slot, "data-tip": tipText}));
       }
