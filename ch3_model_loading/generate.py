@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     try:
         tok = load_tokenizer(args.model)
-    except FileNotFoundError as e:
+    except (OSError, ValueError) as e:  # 缺分词器文件，或者 transformers 不接受 config.json
         sys.exit(f"错误：{e}")
     prompt_ids = [tok(p).input_ids for p in args.prompt]
     empty = [p for p, ids in zip(args.prompt, prompt_ids) if not ids]

@@ -35,9 +35,10 @@ def step(engine: Engine, table: TableManager, cache: CacheManager, reqs: list[Re
     return process_output(table, cache, reqs, out), out.logits
 
 
-def generate(engine: Engine, prompt_ids: list[list[int]], params: SamplingParams
+def generate(engine: Engine, prompt_ids: list[list[int]], params: SamplingParams, keep_logits: bool = False
              ) -> tuple[list[list[int]], list[torch.Tensor]]:
-    """所有请求一起 prefill，再一起 decode；每个请求正好 params.max_tokens 个 token。另返回每一步的 logits。"""
+    """所有请求一起 prefill，再一起 decode；每个请求正好 params.max_tokens 个 token。
+    keep_logits 时另返回每一步的 logits（--dump-logits 用）；不要就不留：每步 (bs, V) 个 float 攒下来很大。"""
     table = TableManager(engine.config.max_running_req, engine.page_table)
     cache = CacheManager(engine.num_pages, engine.config.page_size, engine.page_table)
     reqs = [add_req(engine, table, ids, params, uid) for uid, ids in enumerate(prompt_ids)]
@@ -46,7 +47,8 @@ def generate(engine: Engine, prompt_ids: list[list[int]], params: SamplingParams
         tokens, step_logits = step(engine, table, cache, reqs, phase)
         for out, t in zip(outs, tokens):
             out.append(t)
-        logits.append(step_logits)
+        if keep_logits:
+            logits.append(step_logits)
     return outs, logits
 
 
@@ -58,7 +60,7 @@ def run_rank(config: EngineConfig, prompt_ids: list[list[int]], params: Sampling
         torch.manual_seed(args.seed)  # 每个 rank 同一个种子、同一份（all-gather 后的）logits：采出同样的 token
         with torch.inference_mode():
             t0 = time.perf_counter()
-            outs, logits = generate(engine, prompt_ids, params)
+            outs, logits = generate(engine, prompt_ids, params, keep_logits=bool(args.dump_logits))
             seconds = time.perf_counter() - t0
     finally:
         engine.shutdown()

@@ -123,6 +123,16 @@ def keep_symbols() -> list[str]:
     return tomllib.loads(TASKS.read_text(encoding="utf-8")).get("keep", [])
 
 
+def given_patterns(chapter: int) -> list[str]:
+    """这一章给定的文件（fnmatch 模式）：基础设施而不是本章要学的，start 时整份复制，不做成桩。"""
+    data = tomllib.loads(TASKS.read_text(encoding="utf-8"))
+    return next((ch.get("given", []) for ch in data["chapter"] if ch["chapter"] == chapter), [])
+
+
+def is_given(chapter: int, rel: str) -> bool:
+    return any(fnmatch.fnmatchcase(rel, p) for p in given_patterns(chapter))
+
+
 def _specificity(pattern: str) -> int:
     return len(re.sub(r"[*?]|\[[^\]]*\]", "", pattern))
 

@@ -9,6 +9,9 @@ raise NotImplementedError("第 4 章 · 任务 K：名字")。哪些函数体保
 - 函数体和上一章同一文件里的同名函数一模一样（只改了签名也算）：上一章已经写过；
 - tests/tasks.toml 的 keep（命令行解析）：测试要靠它驱动，和本章的想法无关。
 
+tests/tasks.toml 里一章的 given 是给定的文件（比如第 6 章的 CPU 矩阵乘核、起进程的启动器）：基础设施而不是本章
+要学的，整份复制，一个桩也没有；页面的"任务"一节写明它们做什么、书里哪里讲。
+
 私有的小函数也做成桩：保留它就等于送了一半答案，删掉又会让调用它的桩失去提示；名字本身就是建议的拆法。
 """
 
@@ -20,7 +23,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from tools.manifest import Checkpoint, Task, checkpoint_files, keep_symbols, load_manifest, load_tasks, match
+from tools.manifest import (Checkpoint, Task, checkpoint_files, is_given, keep_symbols, load_manifest, load_tasks,
+                            match)
 
 
 @dataclass(frozen=True)
@@ -102,7 +106,7 @@ def find_stubs(ck: Checkpoint) -> list[Stub]:
     out = []
     for rel in changes(ck):
         path = ck.path / rel
-        if not rel.endswith(".py") or not path.exists():
+        if not rel.endswith(".py") or not path.exists() or is_given(ck.chapter, rel):
             continue
         for qual, node in _functions(ast.parse(path.read_text(encoding="utf-8"))):
             key = f"{rel}:{qual}"
@@ -157,7 +161,7 @@ def make_workspace(ck: Checkpoint, dest: Path) -> list[Stub]:
             dst.unlink(missing_ok=True)
             continue
         dst.parent.mkdir(parents=True, exist_ok=True)
-        if rel.endswith(".py"):
+        if rel.endswith(".py") and not is_given(ck.chapter, rel):
             mine = [s for s in stubs if s.file == rel]
             dst.write_text(stub_source(src.read_text(encoding="utf-8"), mine, prev.name if prev else None),
                            encoding="utf-8")

@@ -47,4 +47,9 @@ def load_tokenizer(model_path: str) -> PreTrainedTokenizerBase:
         raise FileNotFoundError(f"{model_path} 里没有分词器文件：{' / '.join(TOKENIZER_FILES)} 至少要有一个")
     from transformers import AutoTokenizer  # 只有入口用得到：算子 import 本模块时不必带上 transformers
 
-    return AutoTokenizer.from_pretrained(model_path)
+    try:
+        return AutoTokenizer.from_pretrained(model_path)
+    except Exception as e:  # 分词器也读 config.json：transformers 不接受它时，原话是一长串异常链
+        cause = e.__cause__ or e
+        reason = " ".join(str(cause.args[0] if isinstance(cause, KeyError) and cause.args else cause).split())
+        raise ValueError(f"{model_path}：transformers 读不了分词器或 config.json：{reason}") from None

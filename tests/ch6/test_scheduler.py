@@ -151,8 +151,9 @@ def test_round_trip_returns_logits_and_frees_rows(engine):
         tokens = process_output(table, cache, reqs, out)
         assert [r.input_ids[-1].item() for r in reqs] == tokens
     assert table.available_size == 3 and len(cache.free_slots) == engine.num_pages, "生成完的请求交还行和页"
-    with pytest.raises(ValueError, match="remain_len=0"):  # 生成完的请求不能再送进来
+    with pytest.raises(ValueError, match="uid=0.*交还"):  # 生成完的请求不能再送进来：它的行和页已经交还了
         prepare_batch(engine, table, cache, reqs, "decode")
+    assert len(cache.free_slots) == engine.num_pages, "被拒绝的 batch 不该拿走页"
 
 
 def test_nan_logits_are_reported_not_token_0(engine):

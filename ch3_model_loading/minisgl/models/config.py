@@ -46,7 +46,12 @@ def load_hf_config(model_path: str) -> PretrainedConfig:
         check_architecture(archs[0], source=file)
     if missing:
         raise ValueError(f"{file} 缺少必需的字段 {missing}")
-    return AutoConfig.from_pretrained(model_path)
+    try:
+        return AutoConfig.from_pretrained(model_path)
+    except Exception as e:  # transformers 自己的校验（层数和 layer_types、rope_parameters…）：原话常是多行的异常链
+        cause = e.__cause__ or e
+        reason = " ".join(str(cause.args[0] if isinstance(cause, KeyError) and cause.args else cause).split())
+        raise ValueError(f"{file}：transformers 不接受这个配置：{reason}") from None
 
 
 @dataclass(frozen=True)

@@ -1,19 +1,21 @@
-"""按 config.json 里的 architectures[0] 找模型类。"""
+"""按 config.json 里的 architectures[0] 找模型类。
+
+和官方一样，注册表只记名字（模块, 类名），用到时才 import：读配置、查结构不必先把全部模型类装进来。
+"""
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING
 
-from .base import BaseLLMModel
-from .decoder import LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
-
 if TYPE_CHECKING:
+    from .base import BaseLLMModel
     from .config import ModelConfig
 
-_MODEL_REGISTRY: dict[str, type[BaseLLMModel]] = {
-    "LlamaForCausalLM": LlamaForCausalLM,
-    "Qwen2ForCausalLM": Qwen2ForCausalLM,
-    "Qwen3ForCausalLM": Qwen3ForCausalLM,
+_MODEL_REGISTRY: dict[str, tuple[str, str]] = {
+    "LlamaForCausalLM": (".decoder", "LlamaForCausalLM"),
+    "Qwen2ForCausalLM": (".decoder", "Qwen2ForCausalLM"),
+    "Qwen3ForCausalLM": (".decoder", "Qwen3ForCausalLM"),
 }
 
 
@@ -26,4 +28,5 @@ def check_architecture(model_architecture: str, source: str = "") -> None:
 
 def get_model_class(model_architecture: str, model_config: ModelConfig) -> BaseLLMModel:
     check_architecture(model_architecture)
-    return _MODEL_REGISTRY[model_architecture](model_config)
+    module, name = _MODEL_REGISTRY[model_architecture]
+    return getattr(importlib.import_module(module, __package__), name)(model_config)

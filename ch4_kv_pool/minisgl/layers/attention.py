@@ -22,7 +22,8 @@ class AttentionLayer(StateLessOP):
     def __init__(self, layer_id: int, num_qo_heads: int, num_kv_heads: int, head_dim: int,
                  rotary_config: RotaryConfig, q_norm: RMSNorm | None = None, k_norm: RMSNorm | None = None) -> None:
         tp = get_tp_info().size
-        self.layer_id, self.head_dim = layer_id, head_dim
+        self.layer_id = layer_id
+        self.head_dim = head_dim
         self.num_qo_heads = div_even(num_qo_heads, tp)
         self.num_kv_heads = div_even(num_kv_heads, tp, allow_replicate=True)
         self.qo_attn_dim, self.kv_attn_dim = self.num_qo_heads * head_dim, self.num_kv_heads * head_dim

@@ -23,7 +23,9 @@ class MHAKVCache(BaseKVCachePool):
         if bad:  # 在这里拒绝：否则是一个空的池，或者 torch.zeros 报一个看不出是哪个参数的错
             raise ValueError(f"MHAKVCache: {bad} 都必须是正整数")
         self.local_kv_heads = div_even(num_kv_heads, get_tp_info().size, allow_replicate=True)
-        self.num_pages, self.page_size, self.head_dim = num_pages, page_size, head_dim
+        self.num_pages = num_pages
+        self.page_size = page_size
+        self.head_dim = head_dim
         # 先清零：否则操作系统按需分配内存，每个新槽位第一次写入都要缺一次页，这笔开销会落在 decode 的热路径上
         self._kv_buffer = torch.zeros((2, num_layers, num_pages, page_size, self.local_kv_heads, head_dim),
                                       dtype=dtype, device=device)

@@ -93,8 +93,21 @@ def _rename(key: str, packed: Dict[str, Tuple[str, int]]) -> Tuple[str, int, int
     """HF 的名字 -> (引擎里合并后的名字, 第几块, 一共几块)；不合并的原样，算一块。"""
     for old, (new, part) in packed.items():
         if f".{old}." in key:
-            return key.replace(f".{old}.", f".{new}."), part, sum(n == new for n, _ in packed.values())
+            return key.replace(f".{old}.", f".{new}."), part, _num_parts(new, packed)
     return key, 0, 1
+
+
+def _num_parts(new: str, packed: Dict[str, Tuple[str, int]]) -> int:
+    """合并成 new 的有几块（qkv_proj 3 块，gate_up_proj 2 块）。"""
+    return sum(n == new for n, _ in packed.values())
+
+
+def _hf_names(name: str, packed: Dict[str, Tuple[str, int]]) -> list[str]:
+    """引擎里的一个名字在检查点里对应的全部名字：合并的是每一块，不合并的是它自己。"""
+    for new, _ in packed.values():
+        if f".{new}." in name:
+            return [_hf_name(name, p, packed) for p in range(_num_parts(new, packed))]
+    return [name]
 
 
 def _hf_name(name: str, part: int, packed: Dict[str, Tuple[str, int]]) -> str | None:
@@ -111,6 +124,7 @@ def load_weight(model_path: str, model: BaseLLMModel, device: torch.device | str
     packed = model.packed_modules_mapping
     pending: Dict[str, Dict[int, torch.Tensor]] = {}
     seen: Dict[str, str] = {}  # 键 -> 它所在的文件
+    produced: set[str] = set()  # 交出去的引擎里的名字
     for file in safetensors_files(model_path):
         with _open(file, device) as f:
             for key in f.keys():
@@ -123,8 +137,8 @@ def load_weight(model_path: str, model: BaseLLMModel, device: torch.device | str
                 name, part, total = _rename(key, packed)
                 try:
                     op = find_op(model, name.rsplit(".", 1)[0])
-                except KeyError:
-                    raise KeyError(f"{os.path.basename(file)} 里的 {key} 在模型里没有对应的算子") from None
+                except KeyError:  # 比如检查点的层数比 config.json 的 num_hidden_layers 多
+                    raise ValueError(f"{file} 里的 {key} 在模型里没有对应的算子") from None
                 full = _get_tensor(file, key, device)
                 if full.dtype not in _FLOAT_DTYPES:  # 引擎会 .to(dtype)：整数或 fp8 会被悄悄转成错的权重
                     raise ValueError(f"{os.path.basename(file)} 里的 {key} 是 {full.dtype}，"
@@ -134,6 +148,7 @@ def load_weight(model_path: str, model: BaseLLMModel, device: torch.device | str
                 except ValueError as e:
                     raise ValueError(f"{file} 里的 {key}（引擎里的 {name}）：{e}") from None
                 if total == 1:  # safetensors 给的是指向映射文件的视图：复制一份，引擎的权重才是自己的、对齐的内存
+                    produced.add(name)
                     yield name, local.clone()
                     continue
                 if local.untyped_storage().nbytes() > local.nbytes:
@@ -145,9 +160,14 @@ def load_weight(model_path: str, model: BaseLLMModel, device: torch.device | str
                     if len({p.shape[1:] for p in parts}) > 1:  # 否则是一句不带名字的 torch.cat 报错
                         raise ValueError(f"{model_path}: 合并成 {name} 的几块形状对不上：" + "，".join(
                             f"{_hf_name(name, i, packed)} {tuple(p.shape)}" for i, p in enumerate(parts)))
+                    produced.add(name)
                     yield name, torch.cat(parts)
                     del pending[name]
     if pending:
-        missing = [_hf_name(name, part, packed) for name, group in pending.items()
-                   for part in range(len(packed)) if _hf_name(name, part, packed) and part not in group]
+        missing = [hf for name, group in pending.items() for part, hf in enumerate(_hf_names(name, packed))
+                   if part not in group]
         raise ValueError(f"{model_path}: 检查点缺少 {missing}，凑不齐合并的权重 {sorted(pending)}")
+    never = [n for key in model.state_dict() if key not in produced for n in _hf_names(key, packed)]
+    if never:  # 否则是 load_state_dict 一句不带文件名、说的还是合并后名字的 KeyError
+        raise ValueError(f"{model_path}: 检查点里没有 {never[:3]}{' 等' if len(never) > 3 else ''}"
+                         f"（共 {len(never)} 个）：config.json 和权重文件对不上（比如 num_hidden_layers 比权重的层数多）")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from datetime import timedelta
@@ -36,19 +37,26 @@ class ForwardOutput(NamedTuple):
     logits: torch.Tensor  # (bs, V)，交给采样器的那份；只是多留一个引用，不拷贝也不同步
 
 
+def _adjust_config(config: EngineConfig) -> EngineConfig:
+    """和官方一样，先定下配置再建东西：阶段一只有 torch 一个能用的后端。"""
+    if config.attention_backend == "auto":
+        return dataclasses.replace(config, attention_backend="torch")
+    return config
+
+
 class Engine:
     def __init__(self, config: EngineConfig) -> None:
         config.check_tp()  # 切不开就在建进程组之前说清楚是哪一项
         set_tp_info(config.tp_info.rank, config.tp_info.size)
+        self._saved_num_threads = torch.get_num_threads()  # 线程数是整个进程的：shutdown 时还回去
         try:
-            self._init(config)
+            self._init(_adjust_config(config))
         except BaseException:  # 初始化失败也要清掉全局状态，否则这个进程再也建不了 Engine
-            _release_globals(config.tp_info.size)
+            self._release_globals(config.tp_info.size)
             raise
 
     def _init(self, config: EngineConfig) -> None:
-        if config.attention_backend == "auto":  # 阶段一只有 torch 一个能用的后端
-            object.__setattr__(config, "attention_backend", "torch")
+        # ---------------- 设备、线程、Context、进程组
         self.config = config
         self.device = torch.device(f"cuda:{config.tp_info.rank}" if torch.cuda.is_available() else "cpu")
         if self.device.type == "cuda":
@@ -62,6 +70,7 @@ class Engine:
         set_global_ctx(self.ctx)
         self.tp_cpu_group = self._init_communication(config)
 
+        # ---------------- 模型：meta 上构造，流式加载（第 3 章）
         model_config = config.model_config
         if config.max_seq_len > model_config.rotary_config.max_position:
             raise ValueError(f"max_seq_len {config.max_seq_len} 超过了模型的 max_position_embeddings "
@@ -72,19 +81,22 @@ class Engine:
             self.model = create_model(model_config)
         self.model.load_state_dict(self._load_weight_state_dict(config))
 
+        # ---------------- KV 池和页表：各多留一份给假请求（第 4 章）
         self.num_pages = self._determine_num_pages(config)
-        self.ctx.kv_cache = self.kv_cache = create_kvcache_pool(
-            model_config, num_pages=self.num_pages + 1, page_size=config.page_size, dtype=self.dtype,
-            device=self.device)  # 最后一页留给假请求
+        self.kv_cache = create_kvcache_pool(model_config, num_pages=self.num_pages + 1, page_size=config.page_size,
+                                            dtype=self.dtype, device=self.device)  # 最后一页留给假请求
+        self.ctx.kv_cache = self.kv_cache
         num_tokens = self.num_pages * config.page_size
         self.max_seq_len = min(config.max_seq_len, num_tokens)
         align = math.lcm(32, config.page_size)
-        self.ctx.page_table = self.page_table = torch.zeros(
-            (config.max_running_req + 1, div_ceil(self.max_seq_len, align) * align), dtype=torch.int32,
-            device=self.device)  # 最后一行留给假请求
-        self.ctx.attn_backend = self.attn_backend = create_attention_backend(config.attention_backend, model_config)
-        self.sampler = Sampler(self.device, model_config.vocab_size)
+        self.page_table = torch.zeros((config.max_running_req + 1, div_ceil(self.max_seq_len, align) * align),
+                                      dtype=torch.int32, device=self.device)  # 最后一行留给假请求
+        self.ctx.page_table = self.page_table
 
+        # ---------------- 注意力后端（要在 KV 池之后：构造时就拿 ctx.kv_cache）、采样器、假请求、GraphRunner
+        self.attn_backend = create_attention_backend(config.attention_backend, model_config)
+        self.ctx.attn_backend = self.attn_backend
+        self.sampler = Sampler(self.device, model_config.vocab_size)
         self.dummy_req = Req(input_ids=torch.tensor([0], dtype=torch.int32), table_idx=config.max_running_req,
                              cached_len=0, output_len=1, uid=-1, sampling_params=None, cache_handle=None)
         self.page_table[config.max_running_req].fill_(num_tokens)  # 假请求的 KV 都写进假页
@@ -115,27 +127,54 @@ class Engine:
         return {k: v.to(self.dtype) for k, v in load_weight(config.model_path, self.model, self.device)}
 
     def _determine_num_pages(self, config: EngineConfig) -> int:
+        """给了 num_page_override 就用它；否则按可用内存估算，但不超过 max_running_req 条满长序列用得到的页数。"""
         mc = config.model_config
         local_kv_heads = div_even(mc.num_kv_heads, config.tp_info.size, allow_replicate=True)  # 本 rank 的头数
         cache_per_page = 2 * mc.head_dim * local_kv_heads * config.page_size * self.dtype.itemsize * mc.num_layers
         useful = config.max_running_req * div_ceil(config.max_seq_len, config.page_size)  # 再多也用不上
         if config.num_page_override is not None:
-            num_pages = config.num_page_override
-        elif self.device.type == "cuda":
+            return config.num_page_override
+        if self.device.type == "cuda":
             free = torch.cuda.mem_get_info(self.device)[0]
-            num_pages = min(useful, int(config.memory_ratio * free) // cache_per_page)
         elif hasattr(os, "sysconf") and "SC_AVPHYS_PAGES" in os.sysconf_names:
             free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-            num_pages = min(useful, int(config.memory_ratio * free) // cache_per_page)
         else:
             raise RuntimeError("这台机器上查不到可用内存：请设置 EngineConfig.num_page_override")
+        num_pages = min(useful, int(config.memory_ratio * free) // cache_per_page)
         if num_pages < config.max_running_req:  # 每个同时在跑的请求至少要一页
             raise RuntimeError(f"KV 池只有 {num_pages} 页（每页 {cache_per_page} 字节），不够 max_running_req="
                                f"{config.max_running_req} 个请求每个一页：调小 max_running_req 或设 num_page_override")
         return num_pages
 
+    # --8<-- [start:forward_batch]
+    def forward_batch(self, batch: Batch, args: BatchSamplingArgs) -> ForwardOutput:
+        """查一次 batch → 前向 → 每个真请求 complete_one → 采样 → 拷回 CPU。假请求只参与前向，不采样。"""
+        self.check_batch(batch)
+        with self.ctx.forward_batch(batch):
+            if self.graph_runner.can_use_cuda_graph(batch):
+                logits = self.graph_runner.replay(batch)
+            else:
+                logits = self.model.forward()
+        for req in batch.reqs:
+            req.complete_one()
+        logits = logits[:batch.size]
+        next_tokens_gpu = self.sampler.sample(logits, args).to(torch.int32)
+        next_tokens_cpu = next_tokens_gpu.to("cpu", non_blocking=self.device.type == "cuda")
+        return ForwardOutput(next_tokens_gpu, next_tokens_cpu, self._copy_done_event(), logits)
+    # --8<-- [end:forward_batch]
+
+    def _copy_done_event(self) -> torch.cuda.Event | _CopyDone:
+        """GPU 上拷贝是异步的：记一个事件，调用方 synchronize() 之后才读 next_tokens_cpu。"""
+        if self.device.type != "cuda":
+            return _CopyDone()
+        event = torch.cuda.Event()
+        event.record()
+        return event
+
+    # --8<-- [start:check_batch]
     def check_batch(self, batch: Batch) -> None:
-        """只读请求在主存里的整数（不碰设备上的张量，不同步）：这些错误前向本身发现不了，只会悄悄给出错的 token。"""
+        """每个 batch 只在这里查一次（调度器填的、手工填的都一样），只读主存里的整数、不碰设备上的张量，
+        所以不引入同步。这些错误前向本身发现不了：只会悄悄给出错的 token，或者在设备上越界。"""
         if batch.phase not in ("prefill", "decode"):
             raise ValueError(f"batch.phase={batch.phase!r}：只能是 'prefill' 或 'decode'")
         if not batch.reqs:
@@ -157,33 +196,33 @@ class Engine:
             if batch.is_decode and r.extend_len != 1:
                 raise ValueError(f"{r}: 标成 decode 的 batch 里每个请求只能有 1 个新 token，它有 {r.extend_len} 个"
                                  f"（这是 prefill）")
-
-    def forward_batch(self, batch: Batch, args: BatchSamplingArgs) -> ForwardOutput:
-        """前向 → 每个真请求 complete_one → 采样。假请求只参与前向，不采样。"""
-        self.check_batch(batch)
+            _check_input_ids(r, self.sampler.vocab_size)
         _check_filled(batch)
-        with self.ctx.forward_batch(batch):
-            if self.graph_runner.can_use_cuda_graph(batch):
-                logits = self.graph_runner.replay(batch)
-            else:
-                logits = self.model.forward()
-        for req in batch.reqs:
-            req.complete_one()
-        logits = logits[:batch.size]
-        next_tokens_gpu = self.sampler.sample(logits, args).to(torch.int32)
-        next_tokens_cpu = next_tokens_gpu.to("cpu", non_blocking=self.device.type == "cuda")
-        if self.device.type == "cuda":
-            copy_done_event = torch.cuda.Event()
-            copy_done_event.record()
-        else:
-            copy_done_event = _CopyDone()
-        return ForwardOutput(next_tokens_gpu, next_tokens_cpu, copy_done_event, logits)
+    # --8<-- [end:check_batch]
 
     # --8<-- [start:shutdown]
     def shutdown(self) -> None:
-        """释放图、拆掉进程组（端口随之释放）、清掉全局的 Context 和 TP 身份：之后同一个进程里可以再建一个 Engine。"""
+        """释放图、拆掉进程组（端口随之释放）、清掉全局的 Context 和 TP 身份、还回线程数：
+        之后同一个进程里可以再建一个 Engine。"""
         self.graph_runner.destroy_cuda_graphs()
-        _release_globals(self.config.tp_info.size)
+        self._release_globals(self.config.tp_info.size)
+    # --8<-- [end:shutdown]
+
+    def _release_globals(self, tp_size: int) -> None:
+        if tp_size > 1 and dist.is_initialized():  # 只拆自己建的进程组
+            dist.destroy_process_group()
+        reset_global_ctx()
+        reset_tp_info()
+        torch.set_num_threads(self._saved_num_threads)
+
+
+def _check_input_ids(req: Req, vocab_size: int) -> None:
+    """这一步要前向的 token（主存里的 req.input_ids）都在词表里：越界的 id 在 CPU 上是一句 IndexError，
+    在 GPU 上是设备端断言。调度器的 add_req 已经查过提示词、采样器只给出词表里的 id，这里挡的是手工填的 batch。"""
+    new = req.input_ids[req.cached_len:req.device_len]
+    if len(new) and not (0 <= int(new.min()) and int(new.max()) < vocab_size):
+        bad = sorted({t for t in new.tolist() if not 0 <= t < vocab_size})
+        raise ValueError(f"{req}: 这一步要前向的 token id {bad[:5]} 不在词表里（vocab_size={vocab_size}）")
 
 
 def _check_filled(batch: Batch) -> None:
@@ -200,11 +239,3 @@ def _check_filled(batch: Batch) -> None:
         if len(getattr(batch, name)) != num_tokens:
             raise ValueError(f"batch.{name} 有 {len(getattr(batch, name))} 个，"
                              f"padded_reqs 的 extend_len 之和是 {num_tokens}")
-
-
-def _release_globals(tp_size: int) -> None:
-    if tp_size > 1 and dist.is_initialized():  # 只拆自己建的进程组
-        dist.destroy_process_group()
-    reset_global_ctx()
-    reset_tp_info()
-# --8<-- [end:shutdown]

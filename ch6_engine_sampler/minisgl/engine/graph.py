@@ -25,9 +25,12 @@ class GraphRunner:
     @staticmethod
     def _determine_cuda_graph_bs(device: torch.device, attn_backend: BaseAttnBackend, cuda_graph_bs: List[int] | None,
                                  cuda_graph_max_bs: int | None) -> List[int]:
-        if device.type != "cuda" or isinstance(attn_backend, TorchBackend) or cuda_graph_max_bs == 0:
+        if device.type != "cuda" or isinstance(attn_backend, TorchBackend):
             return []
-        raise NotImplementedError("阶段一没有支持 CUDA 图的注意力后端；请把 cuda_graph_bs 设成 []")
+        if cuda_graph_bs == [] or cuda_graph_max_bs == 0:  # 和官方一样，这两种写法都表示关掉 CUDA 图
+            return []
+        raise NotImplementedError("阶段一没有支持 CUDA 图的注意力后端；请把 cuda_graph_bs 设成 []"
+                                  "（或 cuda_graph_max_bs 设成 0）")
 
     def can_use_cuda_graph(self, batch: Batch) -> bool:
         return batch.is_decode and batch.size <= self.max_graph_bs

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from minisgl.core import get_global_ctx
 from minisgl.distributed import DistributedCommunicator, get_tp_info
-from minisgl.kernel import linear  # 和 F.linear 同签名；走哪个核由 Engine 加载后在这台机器上量出来
+from minisgl.kernel import linear  # 和 F.linear 同签名；怎么算由 minisgl/kernel 决定（附录：CPU 上的矩阵乘）
 from minisgl.utils import div_ceil
 
 from .base import _STATE_DICT, BaseOP, _check_full_shape, _check_leftovers

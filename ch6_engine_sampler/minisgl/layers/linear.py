@@ -17,7 +17,7 @@ from typing import List
 import torch
 
 from minisgl.distributed import DistributedCommunicator, get_tp_info
-from minisgl.kernel import linear  # 和 F.linear 同签名；走哪个核由 Engine 加载后在这台机器上量出来
+from minisgl.kernel import linear  # 和 F.linear 同签名；怎么算由 minisgl/kernel 决定（附录：CPU 上的矩阵乘）
 from minisgl.utils import div_even
 
 from .base import BaseOP, _check_full_shape
@@ -25,12 +25,15 @@ from .base import BaseOP, _check_full_shape
 
 class _LinearTPImpl(BaseOP):
     def __init__(self, full_isize: int, full_osize: int, local_isize: int, local_osize: int, has_bias: bool) -> None:
-        self.full_input_size, self.full_output_size = full_isize, full_osize
-        self.local_input_size, self.local_output_size = local_isize, local_osize
+        self.full_input_size = full_isize
+        self.full_output_size = full_osize
+        self.local_input_size = local_isize
+        self.local_output_size = local_osize
         self.weight = torch.empty(local_osize, local_isize)
         self.bias = torch.empty(local_osize) if has_bias else None
         tp = get_tp_info()
-        self._tp_rank, self._tp_size = tp.rank, tp.size
+        self._tp_rank = tp.rank
+        self._tp_size = tp.size
 
     def _check_full(self, full: torch.Tensor, rows: int) -> torch.Tensor:
         """weight 是 (rows, 完整的输入维)，bias 是 (rows,)。"""
@@ -65,7 +68,9 @@ class LinearColParallelMerged(_LinearTPImpl):
 class LinearQKVMerged(_LinearTPImpl):
     def __init__(self, hidden_size: int, head_dim: int, num_qo_heads: int, num_kv_heads: int, has_bias: bool) -> None:
         tp_size = get_tp_info().size
-        self.head_dim, self.num_qo_heads, self.num_kv_heads = head_dim, num_qo_heads, num_kv_heads
+        self.head_dim = head_dim
+        self.num_qo_heads = num_qo_heads
+        self.num_kv_heads = num_kv_heads
         self.local_qo_heads = div_even(num_qo_heads, tp_size)
         self.local_kv_heads = div_even(num_kv_heads, tp_size, allow_replicate=True)
         local_out = (self.local_qo_heads + 2 * self.local_kv_heads) * head_dim
@@ -104,7 +109,5 @@ class LinearOProj(_LinearTPImpl):
         return self._comm.all_reduce(y) if self._tp_size > 1 else y
 
 
-class LinearRowParallel(_LinearTPImpl):
-    """MLP 的 down_proj：和 LinearOProj 一模一样的行并行。"""
-
-    __init__, shard, forward = LinearOProj.__init__, LinearOProj.shard, LinearOProj.forward
+class LinearRowParallel(LinearOProj):
+    """MLP 的 down_proj：和 LinearOProj 一模一样的行并行，构造、切法、前向都继承下来。"""

@@ -15,7 +15,9 @@ class CacheManager:
     所以 out_loc 不会重复——这一点在这里保证，引擎不必每步去设备上查。"""
 
     def __init__(self, num_pages: int, page_size: int, page_table: torch.Tensor) -> None:
-        self.num_pages, self.page_size, self.page_table = num_pages, page_size, page_table
+        self.num_pages = num_pages
+        self.page_size = page_size
+        self.page_table = page_table
         self.free_slots: List[int] = [p * page_size for p in range(num_pages)]  # 每个空闲页的首槽位
         self._row_pages: Dict[int, List[int]] = {}  # 行 -> 它依次拿到的页的首槽位
 
@@ -26,13 +28,15 @@ class CacheManager:
     def allocate_paged(self, reqs: List[Req]) -> None:
         """给每个请求这一步要写 KV 的位置 [cached_len, device_len) 配上页：一页用完才拿下一页。
         空闲页从尾部拿，几个请求交替增长，拿到的页自然不连续——page table 才真的有用。"""
-        ps, plan, held = self.page_size, [], {}
+        ps = self.page_size
+        plan: List[tuple[int, int]] = []  # (行, 页在这一行里的序号)
+        held: Dict[int, int] = {}  # 行 -> 算上这一步已经排好的页数
         for req in reqs:
             first, last = div_ceil(req.cached_len, ps), div_ceil(req.device_len, ps)
             have = held.get(req.table_idx, len(self._row_pages.get(req.table_idx, [])))
-            if have != first:  # 行里的页数和请求的进度对不上：两个请求共用一行，或者旧请求换了新的又没释放
-                raise ValueError(f"{req}: page table 第 {req.table_idx} 行已经有 {have} 页，"
-                                 f"这个请求却要从第 {first} 页接着分配（两个请求共用一行？）")
+            if have != first:  # 行里的页数和请求的进度对不上：两个请求共用一行，或者请求结束后又被送进来
+                raise ValueError(f"{req}: page table 第 {req.table_idx} 行已经有 {have} 页，这个请求却要从第 {first} "
+                                 f"页接着分配（两个请求共用一行？或者它已经生成完，行和页都交还了？）")
             held[req.table_idx] = last
             plan += [(req.table_idx, page_idx) for page_idx in range(first, last)]
         if len(plan) > len(self.free_slots):

@@ -36,9 +36,9 @@ def add_req(engine: Engine, table: TableManager, input_ids: List[int], params: S
 
 
 def prepare_batch(engine: Engine, table: TableManager, cache: CacheManager, reqs: List[Req], phase: str) -> Batch:
-    """填好一步的 batch：补齐、分页、positions、out_loc、input_ids、注意力元数据。顺序和官方一致。"""
+    """填好一步的 batch：补齐、分页、positions、out_loc、input_ids、注意力元数据。顺序和官方一致。
+    batch 本身对不对由 engine.forward_batch 查一次（Engine.check_batch），这里不再查第二遍。"""
     batch = Batch(reqs=reqs, phase=phase)
-    engine.check_batch(batch)  # 先查再分页：错的请求不该拿走页
     engine.graph_runner.pad_batch(batch)
     cache.allocate_paged(batch.reqs)
     padded = batch.padded_reqs  # 假请求也要有 positions / out_loc / input_ids
