@@ -111,24 +111,21 @@ KERNELS = SNIPPET.parent / "bench_kernels.md"
 
 
 def test_kernel_table_is_what_bench_kernels_writes():
-    """附录引用的线性层核的表：抬头写着命令和机器，列是脚本默认比较的几种做法，GB/s 由 MiB 和 ms 算得出，
-    最后一行写着 minisgl.kernel 在同一次运行里给每种形状选了什么。"""
+    """附录引用的线性层核的表：抬头写着命令、机器和核的编译设置，列是脚本比较的三种做法，行是 1~8 行，
+    GB/s 由 MiB 和 ms 算得出。"""
     from tools import bench_kernels
 
     assert KERNELS.is_file(), f"{KERNELS} 不存在：运行 {bench_kernels.COMMAND} 生成它"
     text = KERNELS.read_text(encoding="utf-8")
     assert f"命令：`{bench_kernels.COMMAND}`" in text and re.search(r"日期：\d{4}-\d\d-\d\d \d\d:\d\d UTC", text)
     assert re.search(r"机器：.+（.+；L3 .+），\d+ 核；torch \d+\.\d+\S*，\d+ 个线程", text)
+    assert re.search(r"minisgl.kernel：C\+\+ small_linear（.+）", text), "写明跑的是 C++ 核和它的向量宽度、分块"
     mib = float(re.search(r"fp32 权重 (\d+) MiB", text).group(1))
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in text.splitlines()
             if line.startswith("|") and not re.fullmatch(r"\|(---\|)+", line)]
-    base = bench_kernels.columns(bench_kernels.PACK_ROWS, [])
-    blocks = [int(m.group(1)) for c in rows[0][len(base):] if (m := re.fullmatch(r"bmm，切 (\d+) 块", c))]
-    assert blocks and rows[0] == bench_kernels.columns(bench_kernels.PACK_ROWS, blocks)  # 块数跟着生成时的线程数
-    assert [r[0] for r in rows[1:]] == ["1", "4", "16"]
+    assert rows[0] == bench_kernels.COLUMNS
+    assert [r[0] for r in rows[1:]] == ["1", "2", "4", "8"]
     for r in rows[1:]:
         for cell in r[1:]:
             ms, gbps = map(float, re.fullmatch(r"([\d.]+) ms，([\d.]+) GB/s", cell).groups())
             assert gbps == pytest.approx(mib * 2**20 / (ms / 1e3) / 1e9, rel=0.01, abs=0.06), cell
-    chosen = re.search(r"minisgl.kernel 在同一次运行里.+选的是：(.+)", text).group(1).split("；")
-    assert [c.split(" → ")[0] for c in chosen] == [f"{o}×{i}" for o, i in bench_kernels.SHAPES]
