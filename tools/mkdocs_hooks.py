@@ -3,6 +3,8 @@
 - {{ chapter_diff("ch2_ops") }}：新增 / 删除的文件清单，以及每个修改过的文件相对上一个检查点的 unified diff；
 - {{ run("ch6_engine_sampler", "examples/stage1_milestone.py --page-size 4") }}：在那个检查点里运行脚本
   （PYTHONPATH 指向检查点和仓库根目录），把它的输出原样放进页面。命令里的 {model} 换成书用的真模型目录。
+- {{ trace("ch4_kv_pool", "--page-size 1 --page-size 4") }}：构建时跑 python course.py trace（tools/trace.py），
+  写成网站里的 traces/页面名-N.html，页面上用 iframe 嵌进去；参数里的提示词用单引号。
 - <!-- 接口 -->：本章要写的公开接口表（名字、签名、docstring 第一行），由 tools.stubs 从参考检查点现生成，
   和 python course.py start 写出的桩是同一份。
 
@@ -15,11 +17,15 @@ from __future__ import annotations
 
 import difflib
 import functools
+import logging
 import os
+import posixpath
 import re
 import shlex
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 # mkdocs 按文件路径载入钩子、载入后还原 sys.path：这里加一次仓库根目录并立刻 import（之后 tools.X 走包的 __path__）
@@ -30,6 +36,10 @@ from tools.manifest import ROOT, checkpoint_files, find_checkpoint, load_manifes
 PATTERN = re.compile(r"\{\{\s*chapter_diff\(\"([\w]+)\"\)\s*\}\}")
 INTERFACE = "<!-- 接口 -->"
 RUN = re.compile(r"\{\{\s*run\(\"([\w]+)\",\s*\"([^\"]+)\"\)\s*\}\}")
+TRACE = re.compile(r"\{\{\s*trace\(\"([\w]+)\",\s*\"([^\"]*)\"\)\s*\}\}")
+TRACE_FILES: dict[str, str] = {}  # 网站里的路径 -> 这次构建生成的 HTML，on_post_build 写出
+TRACE_SECONDS: list[float] = []
+log = logging.getLogger("mkdocs.hooks.trace")
 
 
 def chapter_diff(name: str) -> str:
@@ -91,10 +101,49 @@ def run(checkpoint: str, command: str) -> str:
     return note + "```text\n" + res.stdout.rstrip() + "\n```"
 
 
+def trace(checkpoint: str, args: str, page) -> str:
+    """构建时跑一次 tools.trace（书用的模型），返回嵌进页面的 iframe；检查点出错就让构建失败。"""
+    from tools import trace as tracer
+
+    model, why_tiny = book_model()
+    stem = Path(page.file.src_uri).stem
+    name = f"traces/{stem}-{sum(k.startswith(f'traces/{stem}-') for k in TRACE_FILES) + 1}.html"
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as d:
+        out = Path(d) / "trace.html"
+        traces, _, _ = tracer.trace([checkpoint, *shlex.split(args), "--model", str(model), "-o", str(out)])
+        if bad := [t for t in traces if t["error"]]:
+            raise RuntimeError(f"trace({checkpoint!r}, {args!r})：{bad[0]['checkpoint']} 出错：{bad[0]['error']}")
+        TRACE_FILES[name] = out.read_text(encoding="utf-8")
+    TRACE_SECONDS.append(time.perf_counter() - t0)
+    src = posixpath.relpath(name, posixpath.dirname(page.file.dest_uri))
+    note = ""
+    if why_tiny:
+        note = (f'!!! note "这次构建没有真模型，下面记录的是离线小模型（生成的文字是乱码，每一步的数照样是真的）"\n\n'
+                f"    {why_tiny}\n\n")
+    return (note + f'<iframe class="trace-embed" src="{src}" title="引擎的每一步：{checkpoint}"></iframe>\n\n'
+            f'<p class="trace-open"><a href="{src}" target="_blank">在新标签页里打开这份记录</a>'
+            f"（左右方向键换步；鼠标停在槽位上看它属于哪个请求的哪个位置）</p>")
+
+
+def on_post_build(config) -> None:
+    """把这次构建生成的 trace 写进网站目录；记一笔它们给构建加了多少时间。"""
+    for name, html in TRACE_FILES.items():
+        path = Path(config["site_dir"]) / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(html, encoding="utf-8")
+    if TRACE_SECONDS:
+        log.info(f"trace：{len(TRACE_SECONDS)} 份记录，构建多花了 {sum(TRACE_SECONDS):.1f} 秒")
+    TRACE_FILES.clear()
+    TRACE_SECONDS.clear()
+
+
 def on_pre_build(config) -> None:
     """刚克隆时还没有 models/tiny/（测试第一次运行时才生成）：在这里生成；已经有了就直接复用，几乎不花时间。"""
     from tools.make_tiny_models import make_all
 
+    TRACE_FILES.clear()  # mkdocs serve 每次重建都从这里开始
+    TRACE_SECONDS.clear()
     make_all()
 
 
@@ -110,4 +159,5 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
     if INTERFACE in markdown:
         markdown = markdown.replace(INTERFACE, interface(page.file.src_uri))
     markdown = RUN.sub(lambda m: run(m.group(1), m.group(2)), markdown)
+    markdown = TRACE.sub(lambda m: trace(m.group(1), m.group(2), page), markdown)
     return PATTERN.sub(lambda m: chapter_diff(m.group(1)), markdown)

@@ -97,6 +97,8 @@
 
   function pool(box, t, s, after, color) {
     const P = s.pool, ps = P.page_size, owner = new Map();
+    const pageOwner = new Map();
+    for (const [slot, uid] of s.slots) if (uid >= 0) pageOwner.set(Math.floor(slot / ps), uid);
     const shared = new Map();  // 一个槽位被几个位置共用：页表写错了（正确的引擎里不会有）
     for (const [slot, uid, p] of s.slots) {
       if (owner.has(slot)) shared.set(slot, (shared.get(slot) || [owner.get(slot)]).concat([[uid, p]]));
@@ -118,7 +120,8 @@
       page.append(el("span", "pno", pg));
       for (let slot = pg * ps; slot < (pg + 1) * ps; slot++) {
         const o = owner.get(slot);
-        let cls = "slot", text = "", tipText = "槽位 " + slot + " · 第 " + pg + " 页 · 空闲";
+        let cls = "slot", text = "", tipText = "槽位 " + slot + " · 第 " + pg + " 页 · " +
+          (pageOwner.has(pg) ? "这一页已经分给请求 " + pageOwner.get(pg) + "，这个槽位还没用到" : "空闲");
         if (pg === P.dummy_page || (o && o[0] < 0)) {
           cls += " dummyslot"; tipText = "槽位 " + slot + " · 第 " + pg + " 页 · 假页：凑批的假请求写这里，不属于任何请求";
         }
