@@ -25,7 +25,7 @@ def render(traces: list[dict], diff: dict | None, against: bool | None = None) -
     t0 = traces[0]
     title = f"引擎的每一步 · {t0['checkpoint']}"
     meta = (f"模型 {t0['model']} · {len(t0['prompts'])} 个请求 · 每个最多生成 {t0['max_new_tokens']} 个 token · "
-            f"page_size {'、'.join(str(t['page_size']) for t in traces)}")
+            f"page_size {'、'.join(dict.fromkeys(str(t['page_size']) for t in traces))}")
     if against:
         meta = f"{traces[0]['checkpoint']} 对照参考 {traces[1]['checkpoint']} · " + meta
     if diff is not None:
