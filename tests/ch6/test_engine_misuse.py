@@ -260,6 +260,24 @@ def test_nested_forward(engine):
     assert (inner.reqs[0].cached_len, inner.reqs[0].device_len) == (0, 2)
 
 
+@pytest.mark.parametrize("bad", [1024, -1])
+def test_token_id_outside_the_vocab_in_a_hand_filled_batch(engine, bad):
+    """手工填的 batch（像里程碑的规格脚本那样）里有词表外的 id：前向之前拒绝，说出请求和 id，
+    而不是嵌入层的一句 IndexError（GPU 上是设备端断言）。只读主存里的 req.input_ids，不同步。"""
+    batch = fill(engine, [make_req(engine, [5, bad, 7], 0, uid=5)])
+    refused(engine, batch, ValueError, "uid=5", str(bad), "vocab_size=1024")
+
+
+def test_pool_without_override_is_bounded_by_the_requests(tiny_models):
+    """不给 num_page_override：页数不超过 max_running_req 条满长序列用得到的（4 × 64 / 4 = 64 页），
+    而不是可用内存的 90%（CPU 上那会清零一大块主存）。"""
+    e = Engine(config(tiny_models[MODEL], num_page_override=None, page_size=4))
+    try:
+        assert e.num_pages == 4 * 64 // 4
+    finally:
+        e.shutdown()
+
+
 # ---------------------------------------------------------------- 性质测试：采样器只在允许的集合里抽
 
 @st.composite

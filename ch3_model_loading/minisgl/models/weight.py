@@ -125,7 +125,8 @@ def load_weight(model_path: str, model: BaseLLMModel, device: torch.device | str
     pending: Dict[str, Dict[int, torch.Tensor]] = {}
     seen: Dict[str, str] = {}  # 键 -> 它所在的文件
     produced: set[str] = set()  # 交出去的引擎里的名字
-    for file in safetensors_files(model_path):
+    files = safetensors_files(model_path)
+    for file in files:
         with _open(file, device) as f:
             for key in f.keys():
                 if key in seen:  # 分片之间重复：哪份算数说不清，HF 也不会替你挑
@@ -169,5 +170,6 @@ def load_weight(model_path: str, model: BaseLLMModel, device: torch.device | str
         raise ValueError(f"{model_path}: 检查点缺少 {missing}，凑不齐合并的权重 {sorted(pending)}")
     never = [n for key in model.state_dict() if key not in produced for n in _hf_names(key, packed)]
     if never:  # 否则是 load_state_dict 一句不带文件名、说的还是合并后名字的 KeyError
-        raise ValueError(f"{model_path}: 检查点里没有 {never[:3]}{' 等' if len(never) > 3 else ''}"
+        names = ", ".join(os.path.basename(f) for f in files)
+        raise ValueError(f"{model_path} 的 {names} 里没有 {never[:3]}{' 等' if len(never) > 3 else ''}"
                          f"（共 {len(never)} 个）：config.json 和权重文件对不上（比如 num_hidden_layers 比权重的层数多）")

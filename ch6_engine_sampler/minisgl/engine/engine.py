@@ -206,7 +206,6 @@ class Engine:
         之后同一个进程里可以再建一个 Engine。"""
         self.graph_runner.destroy_cuda_graphs()
         self._release_globals(self.config.tp_info.size)
-    # --8<-- [end:shutdown]
 
     def _release_globals(self, tp_size: int) -> None:
         if tp_size > 1 and dist.is_initialized():  # 只拆自己建的进程组
@@ -214,6 +213,7 @@ class Engine:
         reset_global_ctx()
         reset_tp_info()
         torch.set_num_threads(self._saved_num_threads)
+    # --8<-- [end:shutdown]
 
 
 def _check_input_ids(req: Req, vocab_size: int) -> None:

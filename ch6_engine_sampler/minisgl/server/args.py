@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import List
+from typing import List, NoReturn
 
 import torch
 
@@ -16,9 +16,15 @@ from minisgl.utils import div_ceil
 from .launch import free_addr
 
 
+class _Parser(argparse.ArgumentParser):
+    """参数错了只打印一行 错误：…（argparse 默认先打一整段 usage）；完整用法 --help 里有。"""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"错误：{message}（用法见 {self.prog} --help）\n")
+
+
 def parse_args(argv: List[str] | None = None, doc: str | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="generate.py", description=doc,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = _Parser(prog="generate.py", description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="models/Qwen3-0.6B", help="Hugging Face 格式的模型目录")
     ap.add_argument("--prompt", action="append", help="可以给多次；默认一个英文句子")
     ap.add_argument("--max-new-tokens", type=int, default=16)
