@@ -73,7 +73,8 @@ def test_given_files_hold_no_stub_and_are_on_the_page(ck, tmp_path):
     for pattern in given_patterns(ck.chapter):
         assert any(is_given(ck.chapter, rel) for rel in stubs.changes(ck)), f"given 的 {pattern} 一个文件也没选到"
         named = pattern.rstrip("*")
-        assert f"`{named}`" in section, f"第 {ck.chapter} 章页面的「任务」一节要写出给定的 `{named}`（做什么、书里哪里讲）"
+        assert f"`{named}`" in section, \
+            f"第 {ck.chapter} 章页面的「任务」一节要写出给定的 `{named}`（做什么、书里哪里讲）"
     if not given:
         return
     ws = tmp_path / "ws"

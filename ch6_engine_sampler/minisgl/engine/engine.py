@@ -173,8 +173,9 @@ class Engine:
 
     # --8<-- [start:check_batch]
     def check_batch(self, batch: Batch) -> None:
-        """每个 batch 只在这里查一次（调度器填的、手工填的都一样），只读主存里的整数、不碰设备上的张量，
-        所以不引入同步。这些错误前向本身发现不了：只会悄悄给出错的 token，或者在设备上越界。"""
+        """每个 batch 只在这里查一次（调度器填的、手工填的都一样）：只读主存里的整数，不引入同步。
+
+        这些错误前向本身发现不了：只会悄悄给出错的 token，或者在设备上越界。"""
         if batch.phase not in ("prefill", "decode"):
             raise ValueError(f"batch.phase={batch.phase!r}：只能是 'prefill' 或 'decode'")
         if not batch.reqs:
@@ -202,8 +203,9 @@ class Engine:
 
     # --8<-- [start:shutdown]
     def shutdown(self) -> None:
-        """释放图、拆掉进程组（端口随之释放）、清掉全局的 Context 和 TP 身份、还回线程数：
-        之后同一个进程里可以再建一个 Engine。"""
+        """释放图、拆掉进程组、清掉全局的 Context 和 TP 身份、还回线程数：之后同一个进程里可以再建 Engine。
+
+        进程组拆掉时 TCP 端口随之释放；初始化中途失败时 __init__ 也调 _release_globals。"""
         self.graph_runner.destroy_cuda_graphs()
         self._release_globals(self.config.tp_info.size)
 
