@@ -120,7 +120,10 @@ def _hf_name(name: str, part: int, packed: Dict[str, Tuple[str, int]]) -> str | 
 
 def load_weight(model_path: str, model: BaseLLMModel, device: torch.device | str = "cpu"
                 ) -> Iterator[Tuple[str, torch.Tensor]]:
-    """逐个交出 (引擎里的名字, 本 rank 的张量)。dtype 不在这里转：调用方边收边转，省得多留一份。"""
+    """逐个交出 (引擎里的名字, 本 rank 的张量)。dtype 不在这里转：调用方边收边转，省得多留一份。
+
+    读完所有文件，模型还有参数没拿到（比如 config.json 的 num_hidden_layers 比权重的层数多）：ValueError 写出文件和
+    检查点里缺的名字（model.layers.3.self_attn.q_proj.weight，不是合并后的 qkv_proj），不等 load_state_dict 报错。"""
     packed = model.packed_modules_mapping
     pending: Dict[str, Dict[int, torch.Tensor]] = {}
     seen: Dict[str, str] = {}  # 键 -> 它所在的文件

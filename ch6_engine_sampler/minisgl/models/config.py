@@ -25,7 +25,10 @@ NEEDED_FIELDS = ("architectures", "hidden_size", "num_hidden_layers", "num_atten
 
 
 def load_hf_config(model_path: str) -> PretrainedConfig:
-    """读模型目录的 config.json：目录、文件、结构、必需字段，哪里不对就说出哪里，再交给 AutoConfig。"""
+    """读模型目录的 config.json：目录、文件、结构、必需字段，哪里不对就说出哪里，再交给 AutoConfig。
+
+    transformers 自己的校验不通过（比如 num_hidden_layers 和 layer_types 的长度不同）时，也是一行 ValueError：
+    "config.json：transformers 不接受这个配置：…"，而不是 huggingface_hub 的多行异常链。"""
     if not os.path.exists(model_path):
         raise FileNotFoundError(f"模型目录 {model_path!r} 不存在。下载真权重："
                                 f"hf download Qwen/Qwen3-0.6B --local-dir models/Qwen3-0.6B")
