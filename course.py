@@ -89,12 +89,16 @@ def _shown(path: Path) -> str:
 def start(extra: list[str]) -> int:
     """第 N 章的起点：上一章的检查点 + 本章的桩（tools.stubs 从参考检查点现生成）。"""
     if not extra or len(extra) > 2:
-        print("用法：python course.py start chN [DIR]（N 是 1~6；step0 也行）")
+        print("错误：用法是 python course.py start chN [DIR]（N 是 1~6；step0 也行）")
         return 2
     from tools import stubs
     from tools.manifest import find_checkpoint
 
-    ck = find_checkpoint(extra[0])
+    try:
+        ck = find_checkpoint(extra[0])
+    except SystemExit as e:  # 清单给的说明是一句话：照样一行 错误：…
+        print(f"错误：{e}")
+        return 2
     dest = Path(extra[1] if len(extra) > 1 else f"my_{extra[0]}").resolve()
     try:
         made = stubs.make_workspace(ck, dest)

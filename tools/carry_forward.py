@@ -17,10 +17,10 @@ def carry_forward(checkpoints: list[Checkpoint], start: str, rel: str, dry_run: 
     """返回 (被更新的检查点名字, 停下的检查点名字或 None)。"""
     names = [c.name for c in checkpoints]
     if start not in names:
-        raise SystemExit(f"清单里没有检查点 {start!r}：{names}")
+        raise SystemExit(f"错误：清单里没有检查点 {start!r}：{names}")
     src = checkpoints[names.index(start)].path / rel
     if not src.is_file():
-        raise SystemExit(f"{src} 不存在")
+        raise SystemExit(f"错误：{src} 不存在")
     data, updated = src.read_bytes(), []
     for ck in checkpoints[names.index(start) + 1:]:
         if rel in ck.changes:
