@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tools.manifest import ROOT, Checkpoint, find_checkpoint, has_weights
@@ -66,11 +67,14 @@ def check_inputs(ck: Checkpoint, model: Path, page_sizes: list[int]) -> None:
                          f"换一个模型，例如 --model models/tiny/qwen3-tied")
 
 
-def run_trace(ck: Checkpoint, model: Path, prompts: list[str], max_new_tokens: int, page_size: int) -> dict:
+def run_trace(ck: Checkpoint, model: Path, prompts: list[str], max_new_tokens: int, page_size: int,
+              share: int = 1) -> dict:
     """在检查点自己的进程里跑它的 generate.py，返回每一步的记录（出错时 error 说明原因，已走完的步保留）。"""
     gen = ["--model", str(model), *[a for p in prompts for a in ("--prompt", p)],
            "--max-new-tokens", str(max_new_tokens), "--page-size", str(page_size), "--json"]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ck.path), str(ROOT)]))
+    if share > 1 and "OMP_NUM_THREADS" not in env:  # share 个进程同时跑：平分 CPU 核
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // share))
     with tempfile.TemporaryDirectory() as d:
         out = Path(d) / "trace.json"
         res = subprocess.run([sys.executable, "-m", "tools.trace_record", str(out), "--", *gen], cwd=ck.path, env=env,
@@ -140,13 +144,12 @@ def trace(argv: list[str]) -> tuple[list[dict], dict | None, Path]:
     for c in [ck] + ([ref] if ref else []):
         check_inputs(c, model, page_sizes)
     prompts = args.prompt or milestone_prompts()
-    traces = [run_trace(ck, model, prompts, args.max_new_tokens, ps) for ps in page_sizes]
+    jobs = [(ck, ps) for ps in page_sizes] + ([(ref, page_sizes[0])] if ref else [])
+    with ThreadPoolExecutor(len(jobs)) as pool:  # 几个进程同时跑，各用一份核
+        traces = list(pool.map(lambda j: run_trace(j[0], model, prompts, args.max_new_tokens, j[1], len(jobs)), jobs))
     if not traces[0]["steps"] and traces[0]["error"] and ref is None:
         raise TraceError(f"{ck.path.name} 第 1 步之前就停了：{traces[0]['error']}")
-    diff = None
-    if ref is not None:
-        traces.append(run_trace(ref, model, prompts, args.max_new_tokens, page_sizes[0]))
-        diff = first_difference(traces[0], traces[1])
+    diff = first_difference(traces[0], traces[1]) if ref is not None else None
     args.output.write_text(render(traces, diff), encoding="utf-8")
     return traces, diff, args.output
 

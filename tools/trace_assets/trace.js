@@ -150,8 +150,11 @@
     for (const name of show.filter(n => s.attn[n] !== undefined)) {
       const v = s.attn[name];
       if (v.length && Array.isArray(v[0])) {
-        box.append(el("div", "rowlabel", name + "（decode 时每个请求一行的历史槽位）"));
-        v.forEach((row, i) => box.append(numRow(name + "[" + i + "]", row, "attn:" + name + ":" + i)));
+        box.append(el("p", "note", name + "：decode 时每个请求一行历史槽位，补齐到最长的那个；补的格子（淡色）指向自己的第 0 个槽位，注意力权重是 0。"));
+        v.forEach((row, i) => {
+          const len = (s.reqs[i] || s.dummies[i - s.reqs.length] || {device_len: row.length}).device_len;
+          box.append(numRow(name + "[" + i + "]", row, "attn:" + name + ":" + i, j => (j >= len ? "pad" : "")));
+        });
       } else box.append(numRow(name, v, "attn:" + name));
     }
   }
@@ -161,7 +164,7 @@
     if (!after) { box.append(el("p", "note", "前向之后才有：按 → 看这一步的结果。")); return; }
     const row = el("div", "row", null, {"data-key": "sampled"});
     row.append(el("span", "rowlabel", "每个请求一个"));
-    s.sampled.forEach((id, i) => row.append(el("span", "cell tok " + color(s.reqs[i].uid),
+    s.sampled.forEach((id, i) => row.append(el("span", "cell " + color(s.reqs[i].uid),
       id === null ? "—" : tok(t, id) + " (" + id + ")", {"data-key": "sampled:" + i})));
     box.append(row);
   }
@@ -210,9 +213,11 @@
   }
 
   function go(p) { pos = Math.max(0, Math.min(2 * nSteps - 1, p)); render(); }
-  function fit() {  // 在书里的 iframe 中：按内容撑高（同源才读得到 frameElement）
-    try { if (window.frameElement) window.frameElement.style.height = (document.documentElement.scrollHeight + 2) + "px"; }
-    catch (e) { /* file:// 下不同源，保持 iframe 自己的高度 */ }
+  function fit() {  // 在书里的 iframe 中：按内容撑高，最多书页窗口的九成（再长就在里面滚，换步的按钮一直在顶上）
+    try {
+      const f = window.frameElement;
+      if (f) f.style.height = Math.min(document.documentElement.scrollHeight + 2, Math.round(window.parent.innerHeight * 0.9)) + "px";
+    } catch (e) { /* file:// 下不同源，保持 iframe 自己的高度 */ }
   }
   function theme() {
     let dark = window.matchMedia("(prefers-color-scheme: dark)").matches;
@@ -224,6 +229,7 @@
   }
 
   slider.min = 0; slider.max = 2 * nSteps - 1;
+  panels.style.setProperty("--n", String(traces.length));  // 几份记录就并排几列
   slider.addEventListener("input", () => go(Number(slider.value)));
   document.getElementById("prev").addEventListener("click", () => go(pos - 1));
   document.getElementById("next").addEventListener("click", () => go(pos + 1));
