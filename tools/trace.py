@@ -168,8 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     failed = [t for t in traces if t["error"]]
     for t in failed:
         print(f"错误：{t['checkpoint']} 在第 {len(t['steps'])} 步停下：{t['error']}", file=sys.stderr)
-    steps = len(traces[0]["steps"])
-    print(f"写好了 {out}：{steps} 步，用浏览器打开（左右方向键换步）")
+    t = traces[0]
+    print(f"写好了 {out}：{t['checkpoint']}，模型 {t['model']}，{len(t['steps'])} 步；用浏览器打开，左右方向键换步")
     return 1 if diff is not None or failed else 0
 
 

@@ -39,7 +39,7 @@ def _data(html_text: str) -> dict:
 
 @pytest.fixture(scope="module")
 def pages(tiny_models, tmp_path_factory) -> dict[str, Path]:
-    """两个 HTML：第 6 章 page_size=4 三个请求；埋了错的第 4 章对照参考。"""
+    """三个 HTML：第 6 章 page_size=4 三个请求；埋了错的第 4 章对照参考；没有池的第 2 章。"""
     d = tmp_path_factory.mktemp("trace")
     common = [a for p in PROMPTS for a in ("--prompt", p)] + ["--max-new-tokens", "4"]
     trace(["ch6", *common, "--model", str(tiny_models["qwen3-tied"]), "--page-size", "4", "-o", str(d / "ch6.html")])
@@ -53,7 +53,8 @@ def pages(tiny_models, tmp_path_factory) -> dict[str, Path]:
     _, diff, _ = trace([str(mine), "--as", "ch4", "--against", "ch4", *common, "--model", str(tiny_models["llama3"]),
                         "--page-size", "4", "-o", str(d / "against.html")])
     assert diff is not None
-    return {"ch6": d / "ch6.html", "against": d / "against.html"}
+    trace(["ch2", *common, "--model", str(tiny_models["qwen3-tied"]), "-o", str(d / "ch2.html")])
+    return {"ch6": d / "ch6.html", "against": d / "against.html", "ch2": d / "ch2.html"}
 
 
 @pytest.fixture(scope="module")
@@ -201,6 +202,17 @@ def test_against_page_opens_on_the_divergence(open_page, pages):
     assert pg.locator(".diverge").count() == 0  # 只标在那一步
     pg.locator("#jump").click()
     assert pg.locator(".diverge").count() == 1
+
+
+def test_chapters_without_a_pool_say_so(open_page, pages):
+    t = _data(pages["ch2"].read_text(encoding="utf-8"))["traces"][0]
+    pg = open_page(pages["ch2"].as_uri())
+    box = pg.locator(".panel").first
+    assert "第 2 章还没有页表和 KV 池（第 4 章才有）" in box.inner_text()
+    assert "第 2 章还没有 out_loc" in box.inner_text() and box.locator("[data-slot]").count() == 0
+    pg.keyboard.press("ArrowRight")
+    assert box.locator('[data-key="sampled:0"]').inner_text().endswith(f"({t['steps'][0]['sampled'][0]})")
+    assert box.locator('[data-key="after:0:device_len"]').inner_text() == str(t["steps"][0]["after"][0]["device_len"])
 
 
 def test_book_pages_embed_the_traces_the_issue_asks_for():
