@@ -73,7 +73,7 @@ def extension() -> ModuleType | None:
 # --8<-- [start:linear]
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
     """和 F.linear 同签名。x: (N, in)，w: (out, in)，b: (out,) 或 None -> (N, out)。"""
-    if x.is_cpu and x.dim() == 2 and x.shape[0] <= MAX_ROWS and x.dtype == w.dtype == torch.float32:
+    if x.is_cpu and w.is_cpu and x.dim() == 2 and x.shape[0] <= MAX_ROWS and x.dtype == w.dtype == torch.float32:
         ext = extension()
         if ext is not None:
             return ext.small_linear(x, w, b)

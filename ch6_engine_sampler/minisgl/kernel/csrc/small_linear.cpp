@@ -111,7 +111,7 @@ torch::Tensor small_linear(const torch::Tensor& x_in, const torch::Tensor& w_in,
   // --8<-- [start:parallel]
   const int64_t tiles = (m + kTileR - 1) / kTileR;
   // 每个线程至少分到约 64 KB 权重：更小的矩阵开线程不划算
-  const int64_t grain = std::max<int64_t>(1, (16384 + kTileR * k - 1) / (kTileR * k));
+  const int64_t grain = k > 0 ? std::max<int64_t>(1, (16384 + kTileR * k - 1) / (kTileR * k)) : tiles;
   at::parallel_for(0, tiles, grain, [&](int64_t lo, int64_t hi) {
     for (int64_t tt = lo; tt < hi; ++tt) {
       const int64_t r0 = tt * kTileR;
