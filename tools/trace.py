@@ -54,17 +54,22 @@ def default_model() -> Path:
         return make_all(names=["qwen3-tied"])["qwen3-tied"]
 
 
-def check_inputs(ck: Checkpoint, model: Path, page_sizes: list[int]) -> None:
+def check_chapter(ck: Checkpoint, page_sizes: list[int]) -> None:
+    """不用模型就能查的：第 0 步没有步可记，第 1~3 章没有分页。"""
     if ck.chapter == 0:
         raise TraceError("第 0 步的骨架没有 Req 和 Batch，没有可以记录的步：从 ch1 起才能 trace")
-    if not (model / "config.json").is_file():
-        raise TraceError(f"--model {model}：找不到 {model / 'config.json'}")
     if ck.chapter < 4 and page_sizes != [1]:
         raise TraceError(f"--page-size {page_sizes}：第 {ck.chapter} 章还没有分页 KV，只能是 1（分页从第 4 章开始）")
+
+
+def unsupported(ck: Checkpoint, model: Path) -> str | None:
+    """这一章跑不了这个模型时说明原因（第 1、2 章只有 Qwen3）；跑得了时 None。"""
+    if not (model / "config.json").is_file():
+        raise TraceError(f"--model {model}：找不到 {model / 'config.json'}")
     arch = (json.loads((model / "config.json").read_text(encoding="utf-8")).get("architectures") or ["?"])[0]
-    if not set(FAMILIES.get(arch, ())) & set(ck.families):
-        raise TraceError(f"--model {model} 是 {arch}，第 {ck.chapter} 章只支持 {'、'.join(ck.families)}："
-                         f"换一个模型，例如 --model models/tiny/qwen3-tied")
+    if set(FAMILIES.get(arch, ())) & set(ck.families):
+        return None
+    return f"{model.name} 是 {arch}，第 {ck.chapter} 章只支持 {'、'.join(ck.families)}"
 
 
 def run_trace(ck: Checkpoint, model: Path, prompts: list[str], max_new_tokens: int, page_size: int,
@@ -140,9 +145,17 @@ def trace(argv: list[str]) -> tuple[list[dict], dict | None, Path]:
         raise TraceError("--against 只能配一个 --page-size")
     if args.output.is_dir() or not args.output.resolve().parent.is_dir():
         raise TraceError(f"-o {args.output}：要一个文件路径，它所在的目录必须已经存在")
+    for c in [ck] + ([ref] if ref else []):
+        check_chapter(c, page_sizes)
     model = args.model.resolve() if args.model else default_model()
     for c in [ck] + ([ref] if ref else []):
-        check_inputs(c, model, page_sizes)
+        if (why := unsupported(c, model)) and args.model:
+            raise TraceError(f"--model {args.model}：{why}：换一个模型，例如 --model models/tiny/qwen3-tied")
+        if why:  # 没指定模型：退回这一章跑得了的离线小模型
+            from tools.make_tiny_models import make_all
+
+            model = make_all(names=["qwen3-tied"])["qwen3-tied"]
+            print(f"{why}：改用离线小模型 {model.relative_to(ROOT)}", file=sys.stderr)
     prompts = args.prompt or milestone_prompts()
     jobs = [(ck, ps) for ps in page_sizes] + ([(ref, page_sizes[0])] if ref else [])
     with ThreadPoolExecutor(len(jobs)) as pool:  # 几个进程同时跑，各用一份核
