@@ -252,3 +252,13 @@ def test_missing_model_dir_is_named(tmp_path):
                          env=ENV, capture_output=True, text=True)
     m = tmp_path / "m"
     assert res.returncode == 2 and res.stderr.strip() == f"错误：--model {m}：找不到 {m / 'config.json'}"
+
+
+def test_a_chapter_that_cannot_run_the_model_says_why(tiny_models):
+    """第 1、2 章只有 Qwen3：没给 --model 时 trace 据此退回小模型，给了就报错。"""
+    from tools.trace import unsupported
+
+    assert unsupported(find_checkpoint("ch1"), tiny_models["llama3"]) == (
+        "llama3 是 LlamaForCausalLM，第 1 章只支持 qwen3-tied、qwen3-untied")
+    assert unsupported(find_checkpoint("ch1"), tiny_models["qwen3-tied"]) is None
+    assert unsupported(find_checkpoint("ch4"), tiny_models["llama3"]) is None
