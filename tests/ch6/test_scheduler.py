@@ -110,6 +110,14 @@ def test_two_reqs_on_one_row_are_refused_before_any_page_moves(engine):
         cache.allocate_paged([b])
 
 
+def test_req_longer_than_the_row_is_refused_before_any_page_moves(engine):
+    """没经过 add_req 的请求（40 个 token，一行只有 32 个位置）：报出请求和行宽，而不是写页表时越界。"""
+    table, cache = managers(engine)
+    with pytest.raises(ValueError, match="uid=0.*page table 一行只有 32 个"):
+        prepare_batch(engine, table, cache, [req(0, 40, row=0)], "prefill")
+    assert len(cache.free_slots) == engine.num_pages
+
+
 def test_running_out_of_pages_names_the_option(engine):
     _, cache = managers(engine)
     with pytest.raises(RuntimeError, match="--num-pages"):
