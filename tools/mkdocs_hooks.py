@@ -31,7 +31,7 @@ from pathlib import Path
 # mkdocs 按文件路径载入钩子、载入后还原 sys.path：这里加一次仓库根目录并立刻 import（之后 tools.X 走包的 __path__）
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tools import stubs  # noqa: E402
-from tools.manifest import ROOT, checkpoint_files, find_checkpoint, load_manifest  # noqa: E402
+from tools.manifest import ROOT, checkpoint_files, find_checkpoint, is_given, load_manifest  # noqa: E402
 
 PATTERN = re.compile(r"\{\{\s*chapter_diff\(\"([\w]+)\"\)\s*\}\}")
 INTERFACE = "<!-- 接口 -->"
@@ -55,14 +55,16 @@ def chapter_diff(name: str) -> str:
     out = [f"相对 `{prev.name}`：新增 {len(added)} 个文件，删除 {len(removed)} 个，"
            f"修改 {len(cur.changes) - len(added) - len(removed)} 个；其余文件逐字节相同（测试保证）。", ""]
     for f in added:
-        out.append(f"- 新增 `{name}/{f}`（{b[f].decode().count(chr(10))} 行）")
+        given = "，给定的代码" if is_given(cur.chapter, f) else ""  # 整份复制给读者，不是本章要写的
+        out.append(f"- 新增 `{name}/{f}`（{b[f].decode().count(chr(10))} 行{given}）")
     for f in removed:
         out.append(f"- 删除 `{prev.name}/{f}`")
     for f in cur.changes:
         if f in a and f in b:
             diff = difflib.unified_diff(a[f].decode().splitlines(), b[f].decode().splitlines(),
                                         f"{prev.name}/{f}", f"{name}/{f}", lineterm="", n=2)
-            out += ["", f'??? note "修改 `{f}`"', "", "    ```diff"]
+            given = "（给定的代码）" if is_given(cur.chapter, f) else ""
+            out += ["", f'??? note "修改 `{f}`{given}"', "", "    ```diff"]
             out += [f"    {line}" for line in diff]
             out.append("    ```")
     return "\n".join(out)
