@@ -38,8 +38,8 @@ class CacheManager:
                 raise ValueError(f"{req}: page table 第 {req.table_idx} 行已经有 {have} 页，这个请求却要从第 {first} "
                                  f"页接着分配（两个请求共用一行？或者它已经生成完，行和页都交还了？）")
             if last * ps > self.page_table.shape[1]:  # 否则下面写页表时越界：CPU 上 IndexError，GPU 上设备端断言
-                raise ValueError(f"{req}: 要用到第 {last * ps} 个位置，page table 一行只有 {self.page_table.shape[1]} 个"
-                                 f"（请求的长度没经过 add_req 查？）")
+                raise ValueError(f"{req}: 要用到第 {last * ps} 个位置，page table 一行只有 "
+                                 f"{self.page_table.shape[1]} 个（请求的长度没经过 add_req 查？）")
             held[req.table_idx] = last
             plan += [(req.table_idx, page_idx) for page_idx in range(first, last)]
         if len(plan) > len(self.free_slots):
