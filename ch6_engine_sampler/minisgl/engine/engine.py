@@ -146,7 +146,6 @@ class Engine:
                                f"{config.max_running_req} 个请求每个一页：调小 max_running_req 或设 num_page_override")
         return num_pages
 
-    # --8<-- [start:forward_batch]
     def forward_batch(self, batch: Batch, args: BatchSamplingArgs) -> ForwardOutput:
         """查一次 batch → 前向 → 每个真请求 complete_one → 采样 → 拷回 CPU。假请求只参与前向，不采样。"""
         self.check_batch(batch)
@@ -161,7 +160,6 @@ class Engine:
         next_tokens_gpu = self.sampler.sample(logits, args).to(torch.int32)
         next_tokens_cpu = next_tokens_gpu.to("cpu", non_blocking=self.device.type == "cuda")
         return ForwardOutput(next_tokens_gpu, next_tokens_cpu, self._copy_done_event(), logits)
-    # --8<-- [end:forward_batch]
 
     def _copy_done_event(self) -> torch.cuda.Event | _CopyDone:
         """GPU 上拷贝是异步的：记一个事件，调用方 synchronize() 之后才读 next_tokens_cpu。"""
@@ -171,7 +169,6 @@ class Engine:
         event.record()
         return event
 
-    # --8<-- [start:check_batch]
     def check_batch(self, batch: Batch) -> None:
         """每个 batch 只在这里查一次（调度器填的、手工填的都一样）：只读主存里的整数，不引入同步。
 
@@ -199,7 +196,6 @@ class Engine:
                                  f"（这是 prefill）")
             _check_input_ids(r, self.sampler.vocab_size)
         _check_filled(batch)
-    # --8<-- [end:check_batch]
 
     # --8<-- [start:shutdown]
     def shutdown(self) -> None:
