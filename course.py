@@ -139,7 +139,8 @@ def main() -> int:
     if cmd == "check":  # 读者的目录：tools.run_tests 的 --as 模式，摘要是按任务的进度表
         if extra and Path(extra[0]).is_dir():
             extra[0] = str(Path(extra[0]).resolve())  # tools.run_tests 在仓库根目录下跑
-        return subprocess.call([sys.executable, "-m", "tools.run_tests", *extra, "--no-docs"], cwd=ROOT)
+        return subprocess.call([sys.executable, "-m", "tools.run_tests", *extra, "--no-docs", "--real-if-present"],
+                               cwd=ROOT)
     return test(extra)
 
 

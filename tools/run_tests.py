@@ -3,10 +3,11 @@
     python -m tools.run_tests                  # 全部
     python -m tools.run_tests ch3              # 只测一个检查点（含第 1~3 章的累积测试）
     python -m tools.run_tests my_ch3 --as ch3  # 读者自己的目录
+    python -m tools.run_tests my_ch3 --as ch3 --task 2   # 只跑第 3 章的任务 2
     python -m tools.run_tests --real           # 另加真权重一档（没有真模型时先做 models/SmolLM2-135M）
 
-先打印摘要（每个检查点一行；只测一个检查点时再按任务打一张进度表），再打印失败的细节（--tb=short，有上限），
-所以摘要永远不会被长长的张量打印挤掉。
+先打印摘要（每个检查点一行），再打印失败的细节（--tb=short，有上限），所以摘要永远不会被长长的张量打印挤掉。
+只测一个检查点时分几个进程：本章的任务先出进度表，前面各章的测试（回归）和真权重一档随后，最后打一张合起来的表。
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from tests.harness.real import unsupported_reason
 from tests.harness.tasks import progress_table  # 这个工具就是跑测试框架：按任务的进度表是框架的报告
 from tools.manifest import ROOT, find_checkpoint, find_real_model, load_manifest
 
@@ -55,6 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--as", dest="as_chapter")
     ap.add_argument("--real", action="store_true", help="另跑真权重一档")
     ap.add_argument("--no-docs", action="store_true", help="不构建文档、不开浏览器")
+    ap.add_argument("--real-if-present", action="store_true",
+                    help="有真模型就跑真权重一档，没有就说跳过（course.py check 用）")
+    ap.add_argument("--task", type=int, help="只跑这一章的任务 K（和 checkpoint 一起用）")
     ap.add_argument("-j", "--jobs", type=int, default=max(1, min(2, os.cpu_count() or 1)))
     return ap
 
@@ -78,44 +83,87 @@ def main() -> int:
     make_all()  # 先写好小模型，免得几个 pytest 进程同时去写
     pytest = [sys.executable, "-m", "pytest", "tests", "-q", "-p", "no:cacheprovider", "-p", "tests.harness.progress",
               "--tb=short", "-rs", *extra]
+    if args.real_if_present and not args.real:  # course.py check：有真模型就带上真权重一档，没有就说一声
+        real = find_real_model()
+        args.real = real is not None
+        skip = "跳过（models/ 下没有真模型；python -m tools.make_smollm2 做一个）"
+        print(f"真权重一档：{'用 ' + str(real) if real else skip}", flush=True)
     if args.real:
         pytest.append("--real")
         ensure_real_model()
-    jobs = []
-    if args.checkpoint:
-        jobs.append((args.checkpoint, pytest + ["--checkpoint", args.checkpoint]
-                     + (["--as", args.as_chapter] if args.as_chapter else [])))
-    else:
-        jobs.append(("仓库级", pytest + ["--ignore", SITE_TEST]))
-        jobs += [(c.name, pytest + ["--checkpoint", c.name]) for c in load_manifest()]
-        if not args.no_docs:  # mkdocs build --strict，再在无头浏览器里打开（tests/repo/test_site.py）
-            jobs.append(("文档", [sys.executable, "-m", "pytest", SITE_TEST, "-q", "-p", "no:cacheprovider", "-rs"]))
     env = dict(os.environ)
     if args.jobs > 1:
         env.setdefault("OMP_NUM_THREADS", "1")  # 几个进程并行时各用一个线程，别互相抢核
+    if args.checkpoint:
+        return _one_checkpoint(args, pytest, env)
+    jobs = [("仓库级", pytest + ["--ignore", SITE_TEST], {})]
+    jobs += [(c.name, pytest + ["--checkpoint", c.name], {}) for c in load_manifest()]
+    if not args.no_docs:  # mkdocs build --strict，再在无头浏览器里打开（tests/repo/test_site.py）
+        jobs.append(("文档", [sys.executable, "-m", "pytest", SITE_TEST, "-q", "-p", "no:cacheprovider", "-rs"], {}))
+    passed, failed, details, _ = _run(jobs, env, args.jobs)
+    return _finish(passed, failed, details)
+
+
+def _one_checkpoint(args, pytest: list[str], env: dict) -> int:
+    """一个检查点分几个进程：本章的任务先跑、它的进度表一出来就打印；前面各章的测试（回归）和真权重一档随后。
+    --task K 只跑本章任务 K。"""
+    ck = find_checkpoint(args.checkpoint, args.as_chapter)
+    base = pytest + ["--checkpoint", args.checkpoint] + (["--as", args.as_chapter] if args.as_chapter else [])
+    sel = dict(MINISGL_CHAPTER=str(ck.chapter), **({"MINISGL_TASK": str(args.task)} if args.task else {}))
+    jobs = [("本章的任务", base, dict(sel, MINISGL_SELECT="own"))]
+    if ck.chapter >= 2 and not args.task:
+        jobs.append(("前面各章（回归）", base, dict(sel, MINISGL_SELECT="regress")))
+    real = find_real_model() if args.real else None
+    why = unsupported_reason(ck, real) if real is not None else None
+    if why:  # 不起一个只为跳过的进程：理由直接说
+        print(f"真权重一档不适用：{why}", flush=True)
+    elif args.real:
+        jobs.append(("真权重一档", base, dict(sel, MINISGL_SELECT="real")))
+    merged: dict = {}
+
+    def first_table(name, results):
+        if name == "本章的任务":
+            table, _ = progress_table(results, ck.chapter)
+            only = f"，只跑任务 {args.task}" if args.task else ""
+            print(f"\n{ck.path.name}（按第 {ck.chapter} 章的任务{only}）：\n"
+                  f"{table}\n", flush=True)
+        merged.update(results)
+
+    passed, failed, details, _ = _run(jobs, env, args.jobs, first_table, empty_ok=True)
+    if len(jobs) > 1:
+        table, _ = progress_table(merged, ck.chapter)
+        print(f"\n{ck.path.name}（全部：{'、'.join(name for name, _, _ in jobs)}）：\n{table}")
+    return _finish(passed, failed, details)
+
+
+def _run(jobs, env: dict, n_jobs: int, on_done=None, empty_ok: bool = False):
+    """并行跑 jobs，按提交的顺序每完成一个打印一行摘要；on_done(name, results) 在打印之后调用。"""
     passed = failed = 0
-    details, table = [], None
-    with ThreadPoolExecutor(args.jobs) as pool:
-        for name, rc, out, secs, results in pool.map(lambda j: _job(*j, env), jobs):
+    details = []
+    with ThreadPoolExecutor(n_jobs) as pool:
+        for name, rc, out, secs, results in pool.map(lambda j: _job(j[0], j[1], dict(env, **j[2])), jobs):
             last = out.strip().splitlines()[-1] if out.strip() else ""
             counts = {k.rstrip("s"): int(n) for n, k in COUNT.findall(last)}
             p, f = counts.get("passed", 0), counts.get("failed", 0) + counts.get("error", 0)
+            if rc == 5 and empty_ok:  # 这一份挑完没有测试（比如 --task 选的任务没有真权重的测试）
+                rc = 0
             if rc != 0 and f == 0:
                 f = 1  # 收集错误、退出码 5（没有测试）等也算失败
             passed, failed = passed + p, failed + f
             skipped = f", {counts['skipped']} skipped（带理由，-rs 可见）" if counts.get("skipped") else ""
-            print(f"{'通过' if f == 0 else '失败'}  {name}: {p} passed, {f} failed{skipped}（{secs:.0f} s）")
+            verdict = "通过" if f == 0 else "失败"
+            print(f"{verdict}  {name}: {p} passed, {f} failed{skipped}（{secs:.0f} s）", flush=True)
             if counts.get("skipped"):  # 比如没装 chromium、第 0~2 步不支持 Llama：把理由告诉读者
                 reasons = [line.split(": ", 1)[-1] for line in out.splitlines() if line.startswith("SKIPPED")]
-                print("\n".join(f"      跳过：{r}" for r in dict.fromkeys(reasons)))  # 同一个理由只说一次
+                print("\n".join(f"      跳过：{r}" for r in dict.fromkeys(reasons)), flush=True)  # 同一个理由只说一次
             if rc != 0:
                 details.append((name, out))
-            if args.checkpoint and name == args.checkpoint:
-                ck = find_checkpoint(args.checkpoint, args.as_chapter)
-                table, _ = progress_table(results, ck.chapter)
-                table = f"\n{ck.path.name}（按第 {ck.chapter} 章的任务）：\n{table}"
-    if table:
-        print(table)
+            if on_done:
+                on_done(name, results)
+    return passed, failed, details, None
+
+
+def _finish(passed: int, failed: int, details: list) -> int:
     print(f"{passed} passed, {failed} failed")
     for name, out in details:
         print(f"\n======== {name} 的失败细节 ========")

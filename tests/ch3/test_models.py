@@ -13,16 +13,20 @@ from minisgl.models import BaseLLMModel, ModelConfig, load_weight
 from minisgl.models.register import get_model_class
 from tests.ch3.common import FAMILIES, MERGED, build_meta, config_of, load_into
 from tests.harness.reference import hf_tensors
+from tools.make_tiny_models import FAMILIES as TINY
 
 ARCHS = ["LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"]
 
-# 名字 -> (architectures[0], head_dim, q 头数, kv 头数, 绑定词嵌入, RoPE base)，和 tools/make_tiny_models.py 一致
-EXPECTED = {
-    "qwen3-tied": ("Qwen3ForCausalLM", 16, 4, 2, True, 1e6),
-    "qwen3-untied": ("Qwen3ForCausalLM", 24, 4, 1, False, 1e6),  # head_dim 显式给 24，不是 64/4=16
-    "qwen2": ("Qwen2ForCausalLM", 16, 4, 2, False, 1e6),
-    "llama3": ("LlamaForCausalLM", 16, 4, 2, True, 5e5),
-}
+ARCH_OF = {"Qwen3Config": "Qwen3ForCausalLM", "Qwen2Config": "Qwen2ForCausalLM", "LlamaConfig": "LlamaForCausalLM"}
+
+
+def spec(name):
+    """tools/make_tiny_models.py 给这个小模型的配置（期望值从那张表算，不在这里再抄一遍）。"""
+    cls, kw, _, _ = TINY[name]
+    head_dim = kw.get("head_dim") or kw["hidden_size"] // kw["num_attention_heads"]
+    return dict(kw, architecture=ARCH_OF[cls], head_dim=head_dim)
+
+
 # 名字 -> (q/k/v 有 bias, q/k 有 RMSNorm)
 SWITCHES = {"qwen3-tied": (False, True), "qwen3-untied": (False, True), "qwen2": (True, False),
             "llama3": (False, False)}
@@ -47,25 +51,27 @@ def merged_from_hf(engine_key, hf):
 
 @pytest.mark.parametrize("name", FAMILIES)
 def test_task1_config_fields(tiny_models, name):
-    """四个小模型各自的关键数：head_dim（含显式给出的 24）、kv 头数、是否绑定、RoPE base。"""
-    c = config_of(tiny_models[name])
-    arch, head_dim, qo, kv, tie, base = EXPECTED[name]
-    assert c.architectures[0] == arch
-    assert c.head_dim == head_dim
-    assert (c.rotary_config.head_dim, c.rotary_config.rotary_dim) == (head_dim, head_dim)
-    assert (c.num_qo_heads, c.num_kv_heads) == (qo, kv)
-    assert c.tie_word_embeddings is tie
-    assert c.rotary_config.base == base and isinstance(c.rotary_config.base, float)
-    assert (c.num_layers, c.hidden_size, c.vocab_size, c.intermediate_size) == (3, 64, 1024, 128)
-    assert (c.hidden_act, c.rms_norm_eps, c.rotary_config.max_position) == ("silu", 1e-6, 512)
+    """四个小模型各自的配置：head_dim（含显式给出的）、头数、层数、宽度、词表、eps、RoPE base 和表长。"""
+    c, e = config_of(tiny_models[name]), spec(name)
+    assert c.architectures[0] == e["architecture"]
+    assert c.head_dim == e["head_dim"]
+    assert (c.rotary_config.head_dim, c.rotary_config.rotary_dim) == (e["head_dim"], e["head_dim"])
+    assert (c.num_qo_heads, c.num_kv_heads) == (e["num_attention_heads"], e["num_key_value_heads"])
+    assert c.tie_word_embeddings is e["tie_word_embeddings"]
+    assert c.rotary_config.base == e["rope_theta"] and isinstance(c.rotary_config.base, float)
+    assert (c.num_layers, c.hidden_size, c.vocab_size, c.intermediate_size) == \
+        (e["num_hidden_layers"], e["hidden_size"], e["vocab_size"], e["intermediate_size"])
+    assert (c.hidden_act, c.rms_norm_eps, c.rotary_config.max_position) == \
+        ("silu", e["rms_norm_eps"], e["max_position_embeddings"])
 
 
 def test_task1_rope_scaling(tiny_models):
     """只有 llama3 带缩放（rope_type=llama3 和它的四个参数）；其余是默认 RoPE，scaling 为 None。"""
     scaling = config_of(tiny_models["llama3"]).rotary_config.scaling
     assert isinstance(scaling, dict) and scaling["rope_type"] == "llama3"
-    assert (scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]) == (8.0, 1.0, 4.0)
-    assert scaling["original_max_position_embeddings"] == 64
+    want = spec("llama3")["rope_scaling"]
+    for key in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"):
+        assert scaling[key] == want[key], key
     for name in ["qwen3-tied", "qwen3-untied", "qwen2"]:
         assert config_of(tiny_models[name]).rotary_config.scaling is None, name
 
@@ -137,7 +143,7 @@ def test_task2_create_model_follows_architectures(tiny_models, tmp_path):
 def test_task2_model_class_per_family(tiny_models, name):
     model = build_meta(config_of(tiny_models[name]))
     assert isinstance(model, BaseLLMModel)
-    assert type(model).__name__ == EXPECTED[name][0]
+    assert type(model).__name__ == spec(name)["architecture"]
 
 
 @pytest.mark.parametrize("name", FAMILIES)
@@ -145,7 +151,7 @@ def test_task2_family_switches(tiny_models, name):
     """Qwen3：q/k norm、无 bias；Qwen2：qkv 有 bias、无 q/k norm；Llama：都没有。每一层都一样。"""
     keys = set(build_meta(config_of(tiny_models[name])).state_dict())
     has_bias, has_qk_norm = SWITCHES[name]
-    for i in range(3):
+    for i in range(spec(name)["num_hidden_layers"]):
         p = f"model.layers.{i}.self_attn."
         assert p + "qkv_proj.weight" in keys
         assert (p + "qkv_proj.bias" in keys) is has_bias, (name, i, "qkv bias")
@@ -161,9 +167,9 @@ def test_task2_state_dict_keys_match_checkpoint(tiny_models, name):
     model = build_meta(config_of(tiny_models[name]))
     keys = set(model.state_dict())
     hf_keys = set(hf_tensors(tiny_models[name]))
-    expected = {engine_name(k) for k in hf_keys} - ({"lm_head.weight"} if EXPECTED[name][4] else set())
+    expected = {engine_name(k) for k in hf_keys} - ({"lm_head.weight"} if spec(name)["tie_word_embeddings"] else set())
     assert keys == expected, (sorted(keys - expected), sorted(expected - keys))
-    assert ("lm_head.weight" in keys) is (not EXPECTED[name][4])
+    assert ("lm_head.weight" in keys) is (not spec(name)["tie_word_embeddings"])
 
 
 # ---------------------------------------------------------------- task3：meta 构造、加载后的设备和 dtype

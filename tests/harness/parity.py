@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 
 from .contract import ContractError, build_argv, parse_outputs, run_in_process, run_subprocess
 from .reference import hf_greedy, load_hf
-from .report import mismatch_report
+from .report import logits_report, mismatch_report
 
 
 def run_contract(entry: Path, argv: list[str], in_process: bool) -> str:
@@ -28,28 +28,21 @@ def generate(entry: Path, model: Path, prompts: list[str], n: int, page_size: in
 
 
 def parity_failures(entry: Path, model: Path, prompts: list[str], n: int, page_size: int | None = None,
-                    in_process: bool = True) -> list[str]:
-    """所有提示词放在一次调用里（第 4 章起它们在同一个 batch 里），逐个和 HF 单独跑的结果比较。"""
-    outputs = generate(entry, model, prompts, n, page_size, in_process)
+                    in_process: bool = True, extra: list[str] | None = None) -> list[str]:
+    """所有提示词放在一次调用里（第 4 章起它们在同一个 batch 里），逐个和 HF 单独跑的结果比较：
+    token 逐个相同，并且每一步的 logits 在 LOGITS_RTOL 之内（见 logits_report）。一次调用同时取回 token 和 logits。"""
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "logits.safetensors"
+        argv = build_argv(model, prompts, n, page_size, dump_logits=path) + list(extra or [])
+        outputs = parse_outputs(run_contract(entry, argv, in_process), len(prompts), n)
+        our_logits = load_file(str(path)) if path.exists() else None
     refs = [hf_greedy(str(model), p, n) for p in prompts]
-    if all(o == r[0] for o, r in zip(outputs, refs)):
-        return []
-    our_logits = _dump_logits(entry, model, prompts, n, page_size, in_process)
     decode = load_hf(str(model))[1].decode
+    where = f"[{entry.parent.name} · {model.name} · page_size={page_size}{' ' + ' '.join(extra) if extra else ''}]"
     reports = []
     for i, (p, o, (ref, ref_logits)) in enumerate(zip(prompts, outputs, refs)):
         ours = None if our_logits is None else our_logits.get(f"p{i}")
-        rep = mismatch_report(p, o, ref, ref_logits, ours, decode)
+        rep = mismatch_report(p, o, ref, ref_logits, ours, decode) or logits_report(i, p, ref_logits, ours, decode)
         if rep:
-            reports.append(f"[{entry.parent.name} · {model.name} · page_size={page_size}] {rep}")
+            reports.append(f"{where} {rep}")
     return reports
-
-
-def _dump_logits(entry, model, prompts, n, page_size, in_process):
-    with tempfile.TemporaryDirectory() as d:
-        path = Path(d) / "logits.safetensors"
-        try:
-            run_contract(entry, build_argv(model, prompts, n, page_size, dump_logits=path), in_process)
-            return load_file(str(path))
-        except (ContractError, OSError):
-            return None  # 读者自己的版本可以不实现 --dump-logits

@@ -47,19 +47,25 @@ def _failed_assert(report) -> str:
     """失败的那条 assert 语句（只要条件，不要它附带的消息：消息常常是子进程的整段 stderr）。"""
     entries = getattr(getattr(report.longrepr, "reprtraceback", None), "reprentries", None) or []
     lines = getattr(entries[-1], "lines", []) if entries else []
+    # --tb=long 用 ">" 标出失败的那一行；--tb=short（run_tests 用的）没有标记，失败的语句就是 "E" 行之前的那几行
     start = next((i for i, line in enumerate(lines) if line.startswith(">")), None)
     if start is None:
-        return ""
-    body = [lines[start][1:]] + [line for line in lines[start + 1:] if not line.startswith("E")][:8]
-    for n in range(len(body), 0, -1):  # 多行的 assert：取能解析的最长前缀
-        try:
-            node = ast.parse(textwrap.dedent("\n".join(body[:n])).strip()).body[0]
-        except (SyntaxError, IndexError):
-            continue
-        if isinstance(node, ast.Assert):
-            return f"assert {ast.unparse(node.test)}"
-        return ""
-    return ""
+        first_e = next((i for i, line in enumerate(lines) if line.startswith("E")), len(lines))
+        src = [line for line in lines[:first_e] if line.strip() and set(line.strip()) != {"^"}]
+        body = src[-8:]
+    else:
+        body = [lines[start][1:]] + [line for line in lines[start + 1:] if not line.startswith("E")][:8]
+    body = [line for line in body if set(line.strip()) != {"^"}]
+    for i in range(len(body)):  # 多行的 assert：找一段能解析成 assert 的连续行
+        for n in range(len(body), i, -1):
+            try:
+                node = ast.parse(textwrap.dedent("\n".join(body[i:n])).strip()).body[0]
+            except (SyntaxError, IndexError):
+                continue
+            if isinstance(node, ast.Assert):
+                return f"assert {ast.unparse(node.test)}"
+    asserts = [line.strip() for line in body if line.strip().startswith("assert")]
+    return f"{asserts[-1]} …" if asserts else ""  # --tb=short 只给多行 assert 的第一行
 
 
 def pytest_runtest_logreport(report):
@@ -77,9 +83,38 @@ def pytest_runtest_logreport(report):
 _COLLECTED: list[str] = []
 
 
-@pytest.hookimpl(tryfirst=True)  # 在 -k / -m 挑选之前：记下收集到的全部测试
-def pytest_collection_modifyitems(items):
+@pytest.hookimpl(tryfirst=True)  # 在 -k / -m 挑选之前：记下收集到的全部测试，再按 MINISGL_SELECT / MINISGL_TASK 挑
+def pytest_collection_modifyitems(config, items):
     _COLLECTED[:] = [item.nodeid for item in items]
+    _select(config, items)
+
+
+def _select(config, items):
+    """python -m tools.run_tests 分几个进程跑一章：MINISGL_SELECT=own（本章的任务）、regress（前面各章的测试）、
+    real（真权重一档）；MINISGL_TASK=K 只留本章任务 K 的测试。MINISGL_CHAPTER 是按哪一章归类。"""
+    select, task = os.environ.get("MINISGL_SELECT"), os.environ.get("MINISGL_TASK")
+    if not select and not task:
+        return
+    from tests.harness.tasks import chapter_of_test, load_tasks, task_of_test
+
+    chapter, all_tasks = int(os.environ.get("MINISGL_CHAPTER", "0")), load_tasks()
+
+    def keep(nodeid: str) -> bool:
+        real = nodeid.startswith("tests/real/")
+        own = chapter_of_test(nodeid, chapter) == chapter
+        if select == "own" and (real or not own) or select == "regress" and (real or own) \
+                or select == "real" and not real:
+            return False
+        if task:
+            t = task_of_test(all_tasks, nodeid, chapter)
+            return own and t is not None and str(t.number) == task
+        return True
+
+    kept = [item for item in items if keep(item.nodeid)]
+    dropped = [item for item in items if not keep(item.nodeid)]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
 
 
 def pytest_collectreport(report):

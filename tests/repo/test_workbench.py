@@ -163,16 +163,18 @@ def test_progress_reason_is_the_failed_expectation_not_captured_output(tmp_path)
             assert (x ==
                     2), ERR
     '''), encoding="utf-8")
-    out = tmp_path / "progress.json"
-    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.harness.progress",
-                    str(tmp_path / "test_reasons.py")], cwd=ROOT, env=dict(os.environ, MINISGL_PROGRESS=str(out)),
-                   capture_output=True, text=True)
-    reasons = {k.split("::")[-1]: v["reason"] for k, v in json.loads(out.read_text()).items()}
-    assert reasons["test_assert_with_stderr_message"].startswith("assert \"--prompt ''\" in ERR"), reasons
-    assert reasons["test_did_not_raise"] == "DID NOT RAISE ValueError", reasons
-    assert "vocab_size=" in reasons["test_match"] and "nope" in reasons["test_match"], reasons
-    assert reasons["test_multiline_assert"].startswith("assert x == 2"), reasons
-    assert not any("Traceback" in r.split("（")[0] and "not in" not in r for r in reasons.values()), reasons
+    for tb in ("long", "short"):  # run_tests 用 --tb=short：那里源码行没有 ">" 标记，多行的 assert 只给第一行
+        out = tmp_path / f"progress-{tb}.json"
+        subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.harness.progress",
+                        f"--tb={tb}", str(tmp_path / "test_reasons.py")], cwd=ROOT,
+                       env=dict(os.environ, MINISGL_PROGRESS=str(out)), capture_output=True, text=True)
+        reasons = {k.split("::")[-1]: v["reason"] for k, v in json.loads(out.read_text()).items()}
+        assert reasons["test_assert_with_stderr_message"].startswith("assert \"--prompt ''\" in ERR"), (tb, reasons)
+        assert reasons["test_did_not_raise"] == "DID NOT RAISE ValueError", (tb, reasons)
+        assert "vocab_size=" in reasons["test_match"] and "nope" in reasons["test_match"], (tb, reasons)
+        multi = reasons["test_multiline_assert"]
+        assert multi.startswith("assert") and "assert 3 == 2" in multi, (tb, reasons)
+        assert not any("Traceback" in r.split("（")[0] and "not in" not in r for r in reasons.values()), (tb, reasons)
 
 
 @pytest.mark.parametrize("where", ["inside", "elsewhere"])
