@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import difflib
 import functools
+import hashlib
+import importlib.metadata
 import logging
 import os
 import posixpath
@@ -103,20 +105,44 @@ def run(checkpoint: str, command: str) -> str:
     return note + "```text\n" + res.stdout.rstrip() + "\n```"
 
 
+TRACE_CACHE = ROOT / ".cache" / "traces"
+
+
+def trace_key(checkpoint: str, args: str, model: Path) -> str:
+    """一份记录只取决于这些：检查点的文件、trace 工具本身、模型目录、参数和 torch / transformers 的版本。"""
+    h = hashlib.sha256("\0".join([checkpoint, args, str(model), importlib.metadata.version("torch"),
+                                   importlib.metadata.version("transformers")]).encode())
+    for name, data in checkpoint_files(ROOT / checkpoint).items():
+        h.update(name.encode() + b"\0" + data)
+    for p in sorted([*(ROOT / "tools").glob("trace*.py"), *(ROOT / "tools" / "trace_assets").iterdir()]):
+        h.update(p.read_bytes())
+    for p in sorted(model.iterdir()):
+        st = p.stat()
+        h.update(f"{p.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+    return h.hexdigest()[:24]
+
+
 def trace(checkpoint: str, args: str, page) -> str:
-    """构建时跑一次 tools.trace（书用的模型），返回嵌进页面的 iframe；检查点出错就让构建失败。"""
+    """构建时跑一次 tools.trace（书用的模型），返回嵌进页面的 iframe；检查点出错就让构建失败。
+    输入都没变时用 .cache/traces/ 里上次的结果（mkdocs serve 每次重建、测试再构建一遍都不再重跑）。"""
     from tools import trace as tracer
 
     model, why_tiny = book_model()
     stem = Path(page.file.src_uri).stem
     name = f"traces/{stem}-{sum(k.startswith(f'traces/{stem}-') for k in TRACE_FILES) + 1}.html"
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory() as d:
-        out = Path(d) / "trace.html"
-        traces, _, _ = tracer.trace([checkpoint, *shlex.split(args), "--model", str(model), "-o", str(out)])
-        if bad := [t for t in traces if t["error"]]:
-            raise RuntimeError(f"trace({checkpoint!r}, {args!r})：{bad[0]['checkpoint']} 出错：{bad[0]['error']}")
-        TRACE_FILES[name] = out.read_text(encoding="utf-8")
+    cached = TRACE_CACHE / f"{trace_key(checkpoint, args, model)}.html"
+    if not cached.is_file():
+        with tempfile.TemporaryDirectory() as d:
+            out = Path(d) / "trace.html"
+            traces, _, _ = tracer.trace([checkpoint, *shlex.split(args), "--model", str(model), "-o", str(out)])
+            if bad := [t for t in traces if t["error"]]:
+                raise RuntimeError(f"trace({checkpoint!r}, {args!r})：{bad[0]['checkpoint']} 出错：{bad[0]['error']}")
+            TRACE_CACHE.mkdir(parents=True, exist_ok=True)
+            part = cached.with_suffix(f".{os.getpid()}.part")  # 写完再改名：同时构建的另一个进程读不到半个文件
+            part.write_bytes(out.read_bytes())
+            os.replace(part, cached)
+    TRACE_FILES[name] = cached.read_text(encoding="utf-8")
     TRACE_SECONDS.append(time.perf_counter() - t0)
     src = posixpath.relpath(name, posixpath.dirname(page.file.dest_uri))
     note = ""

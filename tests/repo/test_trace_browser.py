@@ -282,3 +282,17 @@ def test_trace_works_inside_the_book(open_page, book):
     want = "dark" if scheme == "slate" else "light"
     frame.locator(f'html[data-theme="{want}"]').wait_for(state="attached")
     assert before != want, "切换书的配色之后 trace 没有跟着变"
+
+
+def test_build_cache_key_follows_every_input(tiny_models, tmp_path):
+    """构建时的 trace 有缓存：参数、检查点、模型目录里的文件变了，键就得变。"""
+    from tools.mkdocs_hooks import trace_key
+
+    model = tmp_path / "m"
+    shutil.copytree(tiny_models["llama3"], model)
+    key = trace_key("ch4_kv_pool", "--page-size 4", model)
+    assert key == trace_key("ch4_kv_pool", "--page-size 4", model)
+    assert key != trace_key("ch4_kv_pool", "--page-size 1", model)
+    assert key != trace_key("ch5_attention", "--page-size 4", model)
+    (model / "config.json").write_text((model / "config.json").read_text() + " ", encoding="utf-8")
+    assert key != trace_key("ch4_kv_pool", "--page-size 4", model)
