@@ -53,6 +53,7 @@ CASES = {
     "page_size_zero": (None, ["--page-size", "0"], "--page-size"),
     "unknown_flag": (None, ["--bogus"], "--bogus"),
     "unknown_backend": (None, ["--attention-backend", "flash"], "'flash'"),
+    "tp_worker_error": (None, ["--tp", "2", "--num-pages", "1"], "max_seq_len=1"),  # worker 的 traceback 只留最后一行
 }
 
 

@@ -51,7 +51,8 @@ def _worker(rank: int, run_rank: Callable[..., Any], config: EngineConfig, args:
 
 def launch_tp(config: EngineConfig, run_rank: Callable[..., Any], *args: Any) -> List[Any]:
     """起 tp 个进程（spawn：CUDA 也能用），每个运行 run_rank(带上自己 rank 的 config, *args)，按 rank 返回结果。
-    某个 rank 出错时 join 抛出它的 traceback，并结束其余进程；卡在集合通信上的 rank 最多等 distributed_timeout 秒。"""
+    某个 rank 出错时抛 RuntimeError，只带那个 rank 的异常那一行（不是整段 traceback），并结束其余进程；
+    卡在集合通信上的 rank 最多等 distributed_timeout 秒。"""
     size = config.tp_info.size
     if torch.cuda.is_available() and size > torch.cuda.device_count():  # 每个 rank 一块卡：cuda:{rank}
         raise ValueError(f"每个 rank 要一块 GPU，这台机器只有 {torch.cuda.device_count()} 块")
@@ -64,6 +65,9 @@ def launch_tp(config: EngineConfig, run_rank: Callable[..., Any], *args: Any) ->
             while not results.empty():
                 rank, result = results.get()
                 got[rank] = result
+    except mp.ProcessRaisedException as e:  # e.msg 是 worker 的整段 traceback：读者要的是最后那一行
+        last = [line for line in e.msg.strip().splitlines() if line.strip()][-1]
+        raise RuntimeError(f"rank {e.error_index} 出错：{last}") from None
     finally:
         for p in ctx.processes:  # 正常结束时它们都已退出；出错或 Ctrl-C 时不留下孤儿
             if p.is_alive():
