@@ -86,8 +86,7 @@ def main(argv: list[str] | None = None) -> None:
             if any(r[0] != results[0][0] for r in results):  # 各 rank 的 token 应逐个相同，否则 KV 已经各走各的
                 raise RuntimeError(f"各 rank 采出的 token 不一致：{[r[0] for r in results]}")
             outs, seconds = results[0]
-    except (ValueError, RuntimeError, OSError, ArithmeticError, mp.ProcessRaisedException,
-            mp.ProcessExitedException) as e:
+    except (ValueError, RuntimeError, OSError, ArithmeticError, mp.ProcessExitedException) as e:  # rank 被杀也只说一行
         sys.exit(f"错误：--tp {args.tp}：{e}" if args.tp > 1 else f"错误：{e}")
     if args.json:
         print(json.dumps({"outputs": outs}))
