@@ -128,12 +128,12 @@ class Engine:
 
     def _determine_num_pages(self, config: EngineConfig) -> int:
         """给了 num_page_override 就用它；否则按可用内存估算，但不超过 max_running_req 条满长序列用得到的页数。"""
+        if config.num_page_override is not None:
+            return config.num_page_override
         mc = config.model_config
         local_kv_heads = div_even(mc.num_kv_heads, config.tp_info.size, allow_replicate=True)  # 本 rank 的头数
         cache_per_page = 2 * mc.head_dim * local_kv_heads * config.page_size * self.dtype.itemsize * mc.num_layers
         useful = config.max_running_req * div_ceil(config.max_seq_len, config.page_size)  # 再多也用不上
-        if config.num_page_override is not None:
-            return config.num_page_override
         if self.device.type == "cuda":
             free = torch.cuda.mem_get_info(self.device)[0]
         elif hasattr(os, "sysconf") and "SC_AVPHYS_PAGES" in os.sysconf_names:
