@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from tools.manifest import ROOT, load_manifest
+from tools.manifest import ROOT, is_given, load_manifest
 
 # 断言 "X in <这些>" 才算"报错必须含有 X"：异常、子进程输出、消息变量
 _MESSAGE_HINTS = ("str(", "stderr", "stdout", "msg", "message", ".value", "err", "out", "reason", "text")
@@ -179,6 +179,14 @@ def stub_docstrings(chapter: int) -> str:
     return "\n".join(docs)
 
 
+def given_sources(chapter: int) -> str:
+    """给定的文件（tasks.toml 的 given）整份复制给读者：它们的报错就写在读者手里的源码里，不必再写上页面。"""
+    ck = next(c for c in load_manifest() if c.chapter == chapter)
+    return "\n".join(p.read_text(encoding="utf-8") for p in sorted(ck.path.rglob("*"))
+                     if p.is_file() and p.suffix in (".py", ".cpp")
+                     and is_given(chapter, p.relative_to(ck.path).as_posix()))
+
+
 def missing(chapter: int) -> list[Contract]:
-    where = task_text(chapter) + "\n" + stub_docstrings(chapter)
+    where = task_text(chapter) + "\n" + stub_docstrings(chapter) + "\n" + given_sources(chapter)
     return [c for c in contracts(chapter) if c.text not in where]

@@ -10,8 +10,7 @@ from tests.harness import contracts as c
 from tests.harness.course import load_manifest
 
 CHAPTERS = sorted({ck.chapter for ck in load_manifest()})
-# 第 6 章的页面正由 issue 23 重写，它缺的片段在那边补；补齐后 strict 的 xfail 会变成失败，提醒删掉这一行
-PENDING = {6: "docs/ch6.md 正在为 issue 23 重写：缺的片段见 python -c 'from tests.harness.contracts import missing; …'"}
+PENDING: dict[int, str] = {}  # 暂时写不上页面的章：{章: 原因}（strict 的 xfail，补齐后会提醒删掉）
 
 
 @pytest.mark.parametrize("chapter", [pytest.param(ch, marks=pytest.mark.xfail(strict=True, reason=PENDING[ch]))
