@@ -50,11 +50,12 @@ FAMILIES: dict[str, tuple[str, dict, str, str | None]] = {
                                   rope_theta=1e4, rms_norm_eps=1e-5, max_position_embeddings=256,
                                   tie_word_embeddings=False), "t5", None),
     # Llama 3：llama3 形式的 RoPE 缩放 + GQA；head_dim=16 显式给出（q 的宽度 64 不等于 hidden_size 96）；
-    # original_max_position_embeddings 取得很小，缩放才真正起作用，四个缩放参数都不取 Llama 3.1 的值
+    # original_max_position_embeddings 取得很小，缩放才真正起作用，四个缩放参数都不取 Llama 3.1 的值；
+    # 波长约 32.4 的那个频率落在平滑过渡带 [64/8, 64/1.5] 里，high_freq_factor 才影响结果
     "llama3": ("LlamaConfig", dict(_COMMON, hidden_size=96, head_dim=16, intermediate_size=160, num_hidden_layers=4,
                                    num_key_value_heads=2, tie_word_embeddings=True, rms_norm_eps=1e-5,
                                    max_position_embeddings=1024,
-                                   rope_scaling={"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 2.0,
+                                   rope_scaling={"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.5,
                                                  "high_freq_factor": 8.0, "original_max_position_embeddings": 64},
                                    rope_theta=500000.0), "hub", None),
 }
