@@ -123,7 +123,7 @@ def _one_checkpoint(args, pytest: list[str], env: dict) -> int:
 
     def first_table(name, results):
         if name == "本章的任务":
-            table, _ = progress_table(results, ck.chapter)
+            table, _ = progress_table(results, ck.chapter, only_task=args.task)
             only = f"，只跑任务 {args.task}" if args.task else ""
             print(f"\n{ck.path.name}（按第 {ck.chapter} 章的任务{only}）：\n"
                   f"{table}\n", flush=True)
@@ -131,7 +131,7 @@ def _one_checkpoint(args, pytest: list[str], env: dict) -> int:
 
     passed, failed, details, _ = _run(jobs, env, args.jobs, first_table, empty_ok=True)
     if len(jobs) > 1:
-        table, _ = progress_table(merged, ck.chapter)
+        table, _ = progress_table(merged, ck.chapter, only_task=args.task)
         print(f"\n{ck.path.name}（全部：{'、'.join(name for name, _, _ in jobs)}）：\n{table}")
     return _finish(passed, failed, details)
 

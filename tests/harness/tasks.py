@@ -30,15 +30,18 @@ def _pad(s: str, n: int) -> str:
     return s + " " * max(0, n - _width(s))
 
 
-def progress_table(results: dict[str, dict], chapter: int, reason_chars: int = 110) -> tuple[str, bool]:
+def progress_table(results: dict[str, dict], chapter: int, reason_chars: int = 110,
+                   only_task: int | None = None) -> tuple[str, bool]:
     """results 是 tests/harness/progress.py 写的 {node id: {outcome, reason}}。返回（按任务的进度表, 是否全部通过）。
 
     本章每个任务一行；前面各章的测试（回归）每章一行；归不到任务的测试和收集错误单独成行，也算失败。
+    only_task（check 的 --task K）：只列这个任务，别的任务没跑，不算"没有测试"。
     """
     all_tasks = load_tasks()
     rows: dict[str, dict] = {}
-    order = [t.label for t in all_tasks.get(chapter, [])]
-    for t in all_tasks.get(chapter, []):
+    mine = [t for t in all_tasks.get(chapter, []) if only_task is None or t.number == only_task]
+    order = [t.label for t in mine]
+    for t in mine:
         rows[t.label] = {"title": f"任务 {t.number} · {t.title}", "n": 0, "ok": 0, "skip": 0, "first": ""}
     for nodeid, r in results.items():
         task = None

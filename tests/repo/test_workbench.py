@@ -190,3 +190,30 @@ def test_start_prints_a_check_command_that_resolves(tmp_path, where):
     assert cmd[0] == "python" and cmd[2] == "check" and cmd[4:] == ["--as", "ch1"], cmd
     assert (cwd / cmd[1]).resolve() == (ROOT / "course.py").resolve(), cmd
     assert (cwd / cmd[3]).resolve() == dest.resolve(), cmd
+
+
+def _selected(ck_name: str, chapter: int, **env: str) -> list[str]:
+    res = subprocess.run([sys.executable, "-m", "pytest", "tests", "--collect-only", "-q", "-p", "no:cacheprovider",
+                          "-p", "tests.harness.progress", "--checkpoint", ck_name, "--real"], cwd=ROOT,
+                         env=dict(os.environ, MINISGL_CHAPTER=str(chapter), **env), capture_output=True, text=True)
+    return [line.split("[")[0] for line in res.stdout.splitlines() if "::" in line]
+
+
+def test_check_runs_own_tasks_regressions_and_one_task_apart():
+    """check 分几份进程：own 只有本章（tests/ch2、tests/checkpoint），regress 只有前面各章，--task K 只有任务 K。"""
+    own = _selected("ch2", 2, MINISGL_SELECT="own")
+    regress = _selected("ch2", 2, MINISGL_SELECT="regress")
+    real = _selected("ch2", 2, MINISGL_SELECT="real")
+    task4 = _selected("ch2", 2, MINISGL_SELECT="own", MINISGL_TASK="4")
+    assert own and all(n.startswith(("tests/ch2/", "tests/checkpoint/")) for n in own), own[:5]
+    assert regress and all(n.startswith("tests/ch1/") for n in regress), regress[:5]
+    assert real and all(n.startswith("tests/real/") for n in real), real[:5]
+    assert task4 and set(task4) < set(own) and all("test_task4_" in n for n in task4), task4
+
+
+def test_progress_table_for_one_task_lists_only_that_task():
+    from tests.harness.tasks import progress_table
+
+    results = {"tests/ch4/test_kv_pool.py::test_task2_x": {"outcome": "passed", "reason": ""}}
+    table, ok = progress_table(results, 4, only_task=2)
+    assert ok and "任务 2" in table and "任务 1" not in table and "没有测试" not in table, table
