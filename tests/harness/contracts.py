@@ -90,6 +90,11 @@ def contracts_of_function(fn: ast.FunctionDef, module_constants: set[str]) -> li
                 if kw.arg == "match":
                     asserted.update(id(n) for n in ast.walk(kw.value))
                     found += [("fragment", p) for lit in _literal_parts(kw.value) for p in regex_literals(lit)]
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and node.func.attr in ("startswith", "endswith") and node.args \
+                and any(h in ast.unparse(node.func.value) for h in _MESSAGE_HINTS):  # err.strip().startswith("错误：")
+            asserted.update(id(n) for n in ast.walk(node.args[0]))
+            found += [("fragment", p) for p in _literal_parts(node.args[0])]
         if isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(node.ops[0], (ast.In, ast.NotIn)):
             rhs = ast.unparse(node.comparators[0])
             if any(h in rhs for h in _MESSAGE_HINTS):
