@@ -197,7 +197,7 @@ def time_engine(engine, tok, prompts: list[str], n: int) -> tuple[float, float]:
     return times[0], sum(times[1:]) / (n - 1)
 
 
-MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::mv", "mkldnn::_linear_pointwise")  # 矩阵乘落到的算子
+MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::mv", "minisgl::small_linear")  # 矩阵乘落到的算子
 
 
 def profile_engine_decode(engine, tok) -> str:

@@ -51,9 +51,8 @@ void tile(const float* x, const float* w, int64_t k, float* y, int64_t ldy, cons
     vec wv[R];
     for (int r = 0; r < R; ++r) {
       wv[r] = load(w + r * k + i);
-#ifdef MINISGL_PREFETCH
-      __builtin_prefetch(w + (r + R) * k + i);  // 下一块权重的同一列：提前从内存取来（硬件预取跨不过 4 KB 的页）
-#endif
+      // 下一块权重的同一列先从内存取来：输入多于 T 行、同一块要再算一遍时，内存也不闲着
+      __builtin_prefetch(w + (r + R) * k + i);
     }
     for (int t = 0; t < T; ++t) {
       const vec xv = load(x + t * k + i);
