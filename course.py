@@ -96,8 +96,8 @@ def start(extra: list[str]) -> int:
 
     try:
         ck = find_checkpoint(extra[0])
-    except SystemExit as e:  # 清单给的说明是一句话：照样一行 错误：…
-        print(f"错误：{e}")
+    except SystemExit as e:  # 清单给的说明已经是一行 错误：…
+        print(e)
         return 2
     dest = Path(extra[1] if len(extra) > 1 else f"my_{extra[0]}").resolve()
     try:

@@ -39,10 +39,7 @@ def main() -> None:
     ap.add_argument("file", help="检查点内的相对路径，例如 minisgl/layers/norm.py")
     ap.add_argument("--dry-run", action="store_true")
     args = ap.parse_args()
-    try:
-        start = find_checkpoint(args.checkpoint)
-    except SystemExit as e:  # 清单的说明本来就是一句话：照样一行 错误：…
-        raise SystemExit(f"错误：{e}") from None
+    start = find_checkpoint(args.checkpoint)  # 找不到时清单自己说一行 错误：…
     checkpoints = load_manifest()
     if args.file not in start.changes and start.chapter > 1:
         print(f"注意：{start.name} 的清单没有列出 {args.file}，它是从上一章原样继承的；"

@@ -66,10 +66,10 @@ def find_checkpoint(spec: str, as_chapter: str | None = None) -> Checkpoint:
     path = Path(spec).resolve()
     if not path.is_dir():
         names = ", ".join(c.name for c in manifest)
-        raise SystemExit(f"找不到检查点 {spec!r}：可选 {names}，或者一个目录（配合 --as chN）")
+        raise SystemExit(f"错误：找不到检查点 {spec!r}：可选 {names}，或者一个目录（配合 --as chN）")
     base = by_name(as_chapter or path.name)
     if base is None:
-        raise SystemExit(f"{path} 不是清单里的检查点：请用 --as step0/ch1/…/ch6 说明按哪一章的要求测试")
+        raise SystemExit(f"错误：{path} 不是清单里的检查点：请用 --as step0/ch1/…/ch6 说明按哪一章的要求测试")
     return Checkpoint(**{**base.__dict__, "path": path})
 
 

@@ -27,11 +27,11 @@ def main() -> int:
         shutil.copytree(ROOT / "step0_skeleton", dst, ignore=shutil.ignore_patterns("__pycache__"))
         src = (dst / "skeleton.py").read_text(encoding="utf-8")
         if src.count(BUG[0]) != 1:
-            raise SystemExit(f"step0_skeleton/skeleton.py 里找不到要改坏的那一行：{BUG[0]!r}")
+            raise SystemExit(f"错误：step0_skeleton/skeleton.py 里找不到要改坏的那一行：{BUG[0]!r}")
         (dst / "skeleton.py").write_text(src.replace(*BUG), encoding="utf-8")
         failures = parity_failures(dst / "skeleton.py", model, PROMPTS[:1], TINY_NEW_TOKENS, in_process=True)
     if not failures:
-        raise SystemExit("改坏了骨架，对齐测试却没有发现：测试框架出问题了")
+        raise SystemExit("错误：改坏了骨架，对齐测试却没有发现：测试框架出问题了")
     print(failures[0])
     return 0
 

@@ -129,7 +129,7 @@ def _checkpoint(spec: str, as_chapter: str | None) -> Checkpoint:
     try:
         return find_checkpoint(spec, as_chapter)
     except SystemExit as e:  # 清单给的说明本来就是一句中文
-        raise TraceError(str(e)) from None
+        raise TraceError(str(e).removeprefix("错误：")) from None
 
 
 def trace(argv: list[str]) -> tuple[list[dict], dict | None, Path]:

@@ -1,4 +1,5 @@
-"""course.py start 和 tools.carry_forward 用错了：只打印一行 错误：…，说出是哪个参数，不打印 Traceback。"""
+"""course.py start / check / trace、tools.run_tests 和 tools.carry_forward 用错了：
+只打印一行 错误：…，说出是哪个参数，不打印 Traceback。"""
 
 from __future__ import annotations
 
@@ -16,6 +17,10 @@ CASES = {
     "start_into_existing_dir": (["course.py", "start", "ch6", "docs"], "已经存在"),
     "carry_forward_unknown_chapter": (["-m", "tools.carry_forward", "ch9", "x.py"], "'ch9'"),
     "carry_forward_missing_file": (["-m", "tools.carry_forward", "ch2", "nope.py"], "nope.py 不存在"),
+    "run_tests_unknown_checkpoint": (["-m", "tools.run_tests", "ch9"], "'ch9'"),
+    "run_tests_directory_without_as": (["-m", "tools.run_tests", "docs"], "--as"),
+    "check_unknown_checkpoint": (["course.py", "check", "ch9"], "'ch9'"),
+    "trace_unknown_checkpoint": (["course.py", "trace", "ch9"], "'ch9'"),
 }
 
 

@@ -21,18 +21,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness.browser import CHROMIUM, LAUNCH_ARGS, unavailable
+
 ROOT = Path(__file__).resolve().parents[2]
 SITE = ROOT / ".cache" / "site"
-CHROMIUM = Path("/usr/bin/chromium")
-LAUNCH_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-               "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-
-
-def _unavailable(missing: str, install: str) -> None:
-    """CI 里缺浏览器是环境坏了，要失败；本地缺浏览器只跳过，并告诉读者怎么装。"""
-    if os.environ.get("CI"):
-        pytest.fail(f"CI 环境里{missing}：浏览器测试不能跳过，.ci/run 应该先装好（{install}）", pytrace=False)
-    pytest.skip(f"{missing}，跳过浏览器测试；安装：{install}")
 
 
 @pytest.fixture(scope="module")
@@ -65,25 +57,6 @@ def base_url(site):
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
     def log_message(self, *args) -> None:  # 不把每个请求打进测试输出
         pass
-
-
-@pytest.fixture(scope="module")
-def playwright():
-    if not CHROMIUM.exists():
-        _unavailable(f"没有 {CHROMIUM}", "sudo apt-get install -y chromium")
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        _unavailable("没有装 playwright", "pip install -r requirements.txt")
-    with sync_playwright() as p:
-        yield p
-
-
-@pytest.fixture(scope="module")
-def browser(playwright):
-    b = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=LAUNCH_ARGS)
-    yield b
-    b.close()
 
 
 @pytest.fixture
@@ -184,7 +157,7 @@ def test_tofu_check_fails_without_cjk_font(playwright, base_url, tmp_path):
     """上一项检查能失败：只给浏览器一个没有中文的字体目录，同一个检查必须报出每个字。"""
     latin = Path("/usr/share/fonts/truetype/dejavu")
     if not latin.is_dir():
-        _unavailable(f"没有 {latin}", "sudo apt-get install -y fonts-dejavu-core")
+        unavailable(f"没有 {latin}", "sudo apt-get install -y fonts-dejavu-core")
     conf = tmp_path / "fonts.conf"
     conf.write_text(f'<?xml version="1.0"?><fontconfig><dir>{latin}</dir><cachedir>{tmp_path}</cachedir></fontconfig>')
     b = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=LAUNCH_ARGS,

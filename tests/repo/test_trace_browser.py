@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.repo.test_site import _CJK_SAMPLE, _GLYPHS_JS, CHROMIUM, LAUNCH_ARGS, _QuietHandler, _unavailable
+from tests.repo.test_site import _CJK_SAMPLE, _GLYPHS_JS, _QuietHandler
 from tools.manifest import ROOT
 from tools.mkdocs_hooks import TRACE
 from tools.trace import build_parser, trace
@@ -55,20 +55,6 @@ def pages(tiny_models, tmp_path_factory) -> dict[str, Path]:
     assert diff is not None
     trace(["ch2", *common, "--model", str(tiny_models["qwen3-tied"]), "-o", str(d / "ch2.html")])
     return {"ch6": d / "ch6.html", "against": d / "against.html", "ch2": d / "ch2.html"}
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if not CHROMIUM.exists():
-        _unavailable(f"没有 {CHROMIUM}", "sudo apt-get install -y chromium")
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        _unavailable("没有装 playwright", "pip install -r requirements.txt")
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=LAUNCH_ARGS)
-        yield b
-        b.close()
 
 
 @pytest.fixture
