@@ -161,6 +161,20 @@ def test_build_failure_prints_one_line_and_uses_f_linear(fresh_extension, monkey
     assert "Traceback" not in err[0]
 
 
+def test_each_copy_of_the_source_gets_its_own_cache(fresh_extension, monkeypatch):
+    """检查点和读者的工作区各有一份 small_linear.cpp：名字相同时 cpp_extension 会在两份之间来回重编（每次半分钟）。"""
+    names = []
+    import torch.utils.cpp_extension as ce
+
+    monkeypatch.setattr(ce, "load", lambda name, **kwargs: names.append(name))
+    for source in (fresh_extension.SOURCE, Path("/somewhere/else/minisgl/kernel/csrc/small_linear.cpp")):
+        monkeypatch.setattr(fresh_extension, "SOURCE", source)
+        fresh_extension.extension.cache_clear()
+        fresh_extension.extension()
+    assert len(names) == 2 and names[0] != names[1], names
+    assert all(n.startswith("minisgl_small_linear_") for n in names), names
+
+
 def test_kernel_package_does_not_import_layers():
     """layers 调 kernel，kernel 不认识 layers：它只是一个矩阵乘。"""
     pkg = ROOT / "ch6_engine_sampler" / "minisgl" / "kernel"

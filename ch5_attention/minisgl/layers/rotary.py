@@ -65,7 +65,7 @@ class RotaryEmbedding(StateLessOP):
                 ) -> Tuple[torch.Tensor, torch.Tensor]:
         if self._cos_sin_cache.device != positions.device:
             self._cos_sin_cache = self._cos_sin_cache.to(positions.device)  # 只在第一次换设备时搬一次
-        cos, sin = self._cos_sin_cache[positions][:, None].chunk(2, dim=-1)  # 各 (N, 1, D)
+        cos, sin = self._cos_sin_cache.index_select(0, positions).unsqueeze(1).chunk(2, dim=-1)  # 各 (N, 1, D)
         return self._rotate(query, cos, sin), self._rotate(key, cos, sin)
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

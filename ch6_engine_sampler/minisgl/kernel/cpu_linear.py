@@ -28,13 +28,14 @@ SOURCE = Path(__file__).resolve().parent / "csrc" / "small_linear.cpp"
 MAX_ROWS = 8  # 和 small_linear.cpp 的 kMaxRows 一致；更多行（prefill）是算力的活，交给 MKL
 
 
-def _cpu_tag() -> str:
-    """按 CPU 的指令集分开缓存：-march=native 编出来的库换到指令集不同的机器上会非法指令崩溃。"""
+def _cache_tag() -> str:
+    """按 CPU 的指令集分开缓存：-march=native 编出来的库换到指令集不同的机器上会非法指令崩溃。
+    也按源文件的位置分开：检查点和读者的工作区各有一份 small_linear.cpp，共用一个名字会来回重编。"""
     try:
         flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
     except (OSError, StopIteration):
         flags = platform.processor()
-    return hashlib.sha1(f"{platform.machine()} {flags}".encode()).hexdigest()[:8]
+    return hashlib.sha1(f"{platform.machine()} {flags} {SOURCE}".encode()).hexdigest()[:8]
 
 
 @functools.cache
@@ -45,7 +46,7 @@ def extension() -> ModuleType | None:
         return None
     arch = "-mcpu=native" if platform.machine().lower() in ("arm64", "aarch64") else "-march=native"
     flags = ["-O3", arch, *(["-fopenmp"] if sys.platform.startswith("linux") else [])]  # OpenMP：用 torch 的线程池
-    name = f"minisgl_small_linear_{_cpu_tag()}"
+    name = f"minisgl_small_linear_{_cache_tag()}"
     t0 = time.perf_counter()
     try:
         import ninja  # requirements.txt 钉的 PyPI 包：没激活 venv 时它不在 PATH 上，cpp_extension 找不到

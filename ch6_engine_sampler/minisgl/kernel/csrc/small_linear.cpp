@@ -51,8 +51,9 @@ void tile(const float* x, const float* w, int64_t k, float* y, int64_t ldy, cons
     vec wv[R];
     for (int r = 0; r < R; ++r) {
       wv[r] = load(w + r * k + i);
-      // 下一块权重的同一列先从内存取来：输入多于 T 行、同一块要再算一遍时，内存也不闲着
-      __builtin_prefetch(w + (r + R) * k + i);
+      // 下一块权重的同一列先从内存取来：输入多于 T 行、同一块要再算一遍时，内存也不闲着。
+      // 最后的 0 是"不再用"（prefetchnta）：权重每步只读一次，别让它把缓存里接下来那些小算子要的代码和数据挤出去
+      __builtin_prefetch(w + (r + R) * k + i, 0, 0);
     }
     for (int t = 0; t < T; ++t) {
       const vec xv = load(x + t * k + i);
