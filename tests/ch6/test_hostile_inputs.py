@@ -14,6 +14,8 @@ import sys
 
 import pytest
 
+from tests.harness.procs import collect
+
 MODEL = "qwen3-tied"
 
 
@@ -70,17 +72,7 @@ def runs(checkpoint, tiny_models, tmp_path_factory) -> dict[str, subprocess.Comp
                 "--max-new-tokens", "2", *flags]
         procs[name] = subprocess.Popen(argv, cwd=checkpoint.path, env=env, stdout=subprocess.PIPE,
                                        stderr=subprocess.PIPE, text=True, encoding="utf-8", errors="replace")
-    results = {}
-    try:
-        for name, proc in procs.items():
-            out, err = proc.communicate(timeout=300)
-            results[name] = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
-    finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    return results
+    return collect(procs, timeout=300)
 
 
 @pytest.mark.parametrize("name", list(CASES))

@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.harness.procs import collect
+
 ROOT = Path(__file__).resolve().parents[2]
 SEED = ROOT / "tests" / "fixtures" / "seed_stage1_milestone.py"
 TIMEOUT = 300
@@ -46,15 +48,7 @@ def runs(checkpoint, tiny_models, tmp_path_factory) -> dict[str, subprocess.Comp
                                     text=True, encoding="utf-8", errors="replace")
              for name, (cmd, cwd) in commands.items()}
     results: dict[str, subprocess.CompletedProcess | None] = {"ps1": None, "ps4": None}
-    try:
-        for name, proc in procs.items():
-            out, err = proc.communicate(timeout=TIMEOUT)
-            results[name] = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
-    finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    results.update(collect(procs, timeout=TIMEOUT))
     return results
 
 
