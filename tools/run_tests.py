@@ -100,7 +100,7 @@ def main() -> int:
     jobs += [(c.name, pytest + ["--checkpoint", c.name], {}) for c in load_manifest()]
     if not args.no_docs:  # mkdocs build --strict，再在无头浏览器里打开（tests/repo/test_site.py）
         jobs.append(("文档", [sys.executable, "-m", "pytest", SITE_TEST, "-q", "-p", "no:cacheprovider", "-rs"], {}))
-    passed, failed, details, _ = _run(jobs, env, args.jobs)
+    passed, failed, details = _run(jobs, env, args.jobs)
     return _finish(passed, failed, details)
 
 
@@ -129,7 +129,7 @@ def _one_checkpoint(args, pytest: list[str], env: dict) -> int:
                   f"{table}\n", flush=True)
         merged.update(results)
 
-    passed, failed, details, _ = _run(jobs, env, args.jobs, first_table, empty_ok=True)
+    passed, failed, details = _run(jobs, env, args.jobs, first_table, empty_ok=True)
     if len(jobs) > 1:
         table, _ = progress_table(merged, ck.chapter, only_task=args.task)
         print(f"\n{ck.path.name}（全部：{'、'.join(name for name, _, _ in jobs)}）：\n{table}")
@@ -160,7 +160,7 @@ def _run(jobs, env: dict, n_jobs: int, on_done=None, empty_ok: bool = False):
                 details.append((name, out))
             if on_done:
                 on_done(name, results)
-    return passed, failed, details, None
+    return passed, failed, details
 
 
 def _finish(passed: int, failed: int, details: list) -> int:

@@ -51,11 +51,10 @@ def _failed_assert(report) -> str:
     start = next((i for i, line in enumerate(lines) if line.startswith(">")), None)
     if start is None:
         first_e = next((i for i, line in enumerate(lines) if line.startswith("E")), len(lines))
-        src = [line for line in lines[:first_e] if line.strip() and set(line.strip()) != {"^"}]
-        body = src[-8:]
+        body = [line for line in lines[:first_e] if line.strip() and set(line.strip()) != {"^"}][-8:]
     else:
-        body = [lines[start][1:]] + [line for line in lines[start + 1:] if not line.startswith("E")][:8]
-    body = [line for line in body if set(line.strip()) != {"^"}]
+        body = [lines[start][1:]] + [line for line in lines[start + 1:]
+                                     if not line.startswith("E") and set(line.strip()) != {"^"}][:8]
     for i in range(len(body)):  # 多行的 assert：找一段能解析成 assert 的连续行
         for n in range(len(body), i, -1):
             try:
