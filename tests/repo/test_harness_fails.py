@@ -28,7 +28,8 @@ def test_skeleton_without_post_attention_norm_is_caught(tmp_path, tiny_models):
 
 def test_engine_with_norm_weight_ignored_is_caught(tmp_path, tiny_models):
     entry = _broken_copy(tmp_path, "ch6_engine_sampler", "minisgl/layers/norm.py",
-                         "return weight * F.rms_norm(", "return 1.0 * F.rms_norm(")
+                         "return add_rms_norm(x, residual, self.weight, self.eps)",
+                         "return add_rms_norm(x, residual, torch.ones_like(self.weight), self.eps)")
     failures = parity_failures(entry, tiny_models["qwen2"], PROMPTS[:1], TINY_NEW_TOKENS, page_size=4,
                                in_process=False)
     assert failures and "max |Δ logit|" in failures[0], failures

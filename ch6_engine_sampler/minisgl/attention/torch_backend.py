@@ -5,7 +5,7 @@
 一页：page table 存的本来就是原始槽位，所以任何 page_size 都不用特殊处理。
 
 decode 另有一条批量的快路：每个请求只有 1 个新 token，把各自的历史补齐成 (bs, 最长历史) 的矩形（补的位置遮掉），
-每层一次整批的 scaled_dot_product_attention，不再按请求循环。算式和通用路径一样，只是多了一维 batch。
+每层一次整批的 decode_attention（第 6 章起在 minisgl/kernel），不再按请求循环。算式和通用路径一样，只是多了一维 batch。
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, List, Tuple
 
 import torch
-import torch.nn.functional as F
 
 from minisgl.core import Batch, get_global_ctx
 from minisgl.distributed import get_tp_info
+from minisgl.kernel import decode_attention
 from minisgl.utils import div_even
 
 from .base import BaseAttnBackend, BaseAttnMetadata
@@ -77,12 +77,10 @@ class TorchBackend(BaseAttnBackend):
         meta: TorchAttnMetadata = batch.attn_metadata
         self.kvcache.store_kv(k, v, batch.out_loc, layer_id)  # 先写：新 token 也要看见自己
         kv_shape = (-1, self.num_kv_heads, self.head_dim)
-        if meta.decode_slots is not None:
-            slots = meta.decode_slots.view(-1)  # index_select 一次整块拷贝，比二维下标的高级索引快（每层两次）
-            k_hist = self.kvcache.k_cache(layer_id).view(kv_shape).index_select(0, slots)
-            v_hist = self.kvcache.v_cache(layer_id).view(kv_shape).index_select(0, slots)
-            bs_l = (*meta.decode_slots.shape, self.num_kv_heads, self.head_dim)
-            return self._decode(q, k_hist.view(bs_l), v_hist.view(bs_l), meta.decode_mask)
+        if meta.decode_slots is not None:  # 整批一次：minisgl/kernel 按槽位读池子（退路是原来的 index_select + SDPA）
+            return decode_attention(q, self.kvcache.k_cache(layer_id).view(kv_shape),
+                                    self.kvcache.v_cache(layer_id).view(kv_shape), meta.decode_slots,
+                                    meta.decode_mask, self.scale)
         k_all = self.kvcache.k_cache(layer_id).view(kv_shape)[meta.indices]  # 一次取出整个 batch 的历史
         v_all = self.kvcache.v_cache(layer_id).view(kv_shape)[meta.indices]
         out = torch.empty_like(q)
@@ -99,14 +97,3 @@ class TorchBackend(BaseAttnBackend):
         future = torch.arange(k.shape[0], device=q.device)[None, :] > q_pos[:, None]  # 右下角对齐的因果掩码
         s = s.masked_fill(future, float("-inf"))
         return torch.einsum("hqk,khd->qhd", s.softmax(-1, dtype=torch.float32).to(v.dtype), v)
-
-    def _decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """整个 batch 一起。q: (bs, H_q, D) 每个请求 1 个新 token；k, v: (bs, L, H_kv, D)；mask: (bs, 1, 1, L)。
-        算式和 _attend 一样：softmax(q·kᵀ·scale，补的位置遮掉)·v。整批交给 F.scaled_dot_product_attention 一次算完：
-        每层一个算子，而不是十来个小算子（decode 每步每层都要付一次调度开销）。enable_gqa：同一组的 q 头共用一个 kv 头，
-        不复制 kv。"""
-        bs = q.shape[0]
-        o = F.scaled_dot_product_attention(q.reshape(bs, self.num_qo_heads, 1, self.head_dim),  # (bs, H_q, 1, D)
-                                           k.transpose(1, 2), v.transpose(1, 2),  # (bs, H_kv, L, D)
-                                           attn_mask=mask, scale=self.scale, enable_gqa=True)
-        return o.reshape(bs, self.num_qo_heads, self.head_dim)

@@ -4,9 +4,10 @@
 所以 batch 4 读的权重和 batch 1 一样多。MKL 的 sgemm 为大矩阵设计，行很少时在有的 CPU 上读不满带宽，
 4 行还比 1 行慢得多。
 
-第一次用时用 torch.utils.cpp_extension 编译（-O3 -march=native，半分钟左右），结果缓存在 torch 的扩展目录里，
-之后的进程直接加载。编不了（没有 C++ 编译器、没有 ninja、编译出错）或设了 MINISGL_KERNEL=off 时，
-打印一行原因，全用 F.linear：结果一样（只差浮点累加顺序），只是慢。
+csrc 下的两个文件（矩阵乘和 cpu_ops.py 用的小算子）编成一个扩展：第一次用时用 torch.utils.cpp_extension 编译
+（-O3 -march=native，半分钟左右），结果缓存在 torch 的扩展目录里，之后的进程直接加载。编不了（没有 C++ 编译器、
+没有 ninja、编译出错）或设了 MINISGL_KERNEL=off 时，打印一行原因，全用 PyTorch 的算子：结果一样（只差浮点累加顺序），
+只是慢。
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 SOURCE = Path(__file__).resolve().parent / "csrc" / "small_linear.cpp"
+SOURCES = [SOURCE, SOURCE.with_name("decode_ops.cpp")]  # 同一个扩展：decode_ops.cpp 是 cpu_ops.py 用的小算子
 MAX_ROWS = 8  # 和 small_linear.cpp 的 kMaxRows 一致；更多行（prefill）是算力的活，交给 MKL
 
 
@@ -40,13 +42,13 @@ def _cache_tag() -> str:
 
 @functools.cache
 def extension() -> ModuleType | None:
-    """编译（或从缓存加载）C++ 核；用不了时打印一行原因并返回 None（之后全用 F.linear）。"""
+    """编译（或从缓存加载）C++ 核；用不了时打印一行原因并返回 None（之后全用 PyTorch 的算子）。"""
     if os.environ.get("MINISGL_KERNEL", "on") == "off":
-        print("minisgl.kernel：MINISGL_KERNEL=off，线性层全用 F.linear", file=sys.stderr)
+        print("minisgl.kernel：MINISGL_KERNEL=off，全用 PyTorch 的算子（F.linear、F.rms_norm……）", file=sys.stderr)
         return None
     arch = "-mcpu=native" if platform.machine().lower() in ("arm64", "aarch64") else "-march=native"
     flags = ["-O3", arch, *(["-fopenmp"] if sys.platform.startswith("linux") else [])]  # OpenMP：用 torch 的线程池
-    name = f"minisgl_small_linear_{_cache_tag()}"
+    name = f"minisgl_kernel_{_cache_tag()}"
     t0 = time.perf_counter()
     try:
         import ninja  # requirements.txt 钉的 PyPI 包：没激活 venv 时它不在 PATH 上，cpp_extension 找不到
@@ -58,16 +60,18 @@ def extension() -> ModuleType | None:
     try:
         from torch.utils.cpp_extension import load
 
-        ext = load(name=name, sources=[str(SOURCE)], extra_cflags=flags, extra_ldflags=flags[2:], verbose=False)
+        ext = load(name=name, sources=[str(p) for p in SOURCES], extra_cflags=flags, extra_ldflags=flags[2:],
+                   verbose=False)
     except Exception as e:  # 编译器、ninja、编译错误：原因各不相同，都退回 F.linear
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        print(f"minisgl.kernel：编译 {SOURCE.name} 失败（{reason[:200]}），线性层改用 F.linear（结果相同、decode 慢）；"
+        print(f"minisgl.kernel：编译 {'、'.join(p.name for p in SOURCES)} 失败（{reason[:200]}），"
+              "改用 PyTorch 的算子（F.linear、F.rms_norm……，结果相同、decode 慢）；"
               f"要它就装上 C++ 编译器（如 apt-get install g++ / xcode-select --install）和 pip install ninja",
               file=sys.stderr)
         return None
     if time.perf_counter() - t0 > 2:
-        print(f"minisgl.kernel：编译了 {SOURCE.name}（{time.perf_counter() - t0:.0f} 秒，之后的进程直接用缓存）",
-              file=sys.stderr)
+        print(f"minisgl.kernel：编译了 {'、'.join(p.name for p in SOURCES)}"
+              f"（{time.perf_counter() - t0:.0f} 秒，之后的进程直接用缓存）", file=sys.stderr)
     return ext
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from minisgl.distributed import get_tp_info
+from minisgl.kernel import store_cache
 from minisgl.utils import div_even
 
 from .base import BaseKVCachePool
@@ -41,9 +42,9 @@ class MHAKVCache(BaseKVCachePool):
 
     def store_kv(self, k: torch.Tensor, v: torch.Tensor, out_loc: torch.Tensor, layer_id: int) -> None:
         """k, v: (N, H_kv·D) 或 (N, H_kv, D)；out_loc: (N,) 槽位。只写这 N 个槽位，不碰别的。"""
-        loc = out_loc.long()
-        self._k_buffer[layer_id].view(self._storage_shape)[loc] = k.reshape(-1, *self._storage_shape[1:])
-        self._v_buffer[layer_id].view(self._storage_shape)[loc] = v.reshape(-1, *self._storage_shape[1:])
+        # 和官方一样交给 minisgl/kernel：CPU 上一次 C++ 调用拷完两份
+        store_cache(self._k_buffer[layer_id].view(self._storage_shape),
+                    self._v_buffer[layer_id].view(self._storage_shape), out_loc, k, v)
 
     @property
     def device(self) -> torch.device:

@@ -1,7 +1,7 @@
 """RMSNorm：x / sqrt(mean(x²) + eps) * weight。weight: (size,)；x: (..., size)，形状不变。
 
 计算顺序和 HF 一致：先在 fp32 里归一化，转回输入的 dtype，再乘 weight。融合形式（加残差再归一化）
-在这里不原地改输入，读起来更直白。
+在这里不原地改输入，读起来更直白。第 6 章起算式在 minisgl/kernel（CPU 上是一次 C++ 调用，其余是原来的 PyTorch 算式）。
 """
 
 from __future__ import annotations
@@ -9,15 +9,10 @@ from __future__ import annotations
 from typing import Tuple
 
 import torch
-import torch.nn.functional as F
+
+from minisgl.kernel import add_rms_norm, rms_norm  # 同签名；怎么算由 minisgl/kernel 决定
 
 from .base import BaseOP
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    # F.rms_norm 不带 weight 就是 HF 的 x·rsqrt(mean(x²) + eps)，逐位相同；weight 留在转回 dtype 之后乘，
-    # bf16 下才和 HF 一样。一次调用顶替五个小算子：decode 每步每层要做两三次，少付几次调度开销
-    return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
 
 
 class RMSNorm(BaseOP):
@@ -37,6 +32,6 @@ class RMSNormFused(BaseOP):
         self.weight = torch.empty(size)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> Tuple[torch.Tensor, torch.Tensor]:
-        if residual is not None:
-            x = x + residual
-        return rms_norm(x, self.weight, self.eps), x
+        if residual is None:
+            return rms_norm(x, self.weight, self.eps), x
+        return add_rms_norm(x, residual, self.weight, self.eps)

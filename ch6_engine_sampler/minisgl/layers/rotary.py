@@ -13,6 +13,8 @@ from typing import Any, Dict, Tuple
 
 import torch
 
+from minisgl.kernel import apply_rope  # 同样的查表旋转；CPU 上是一次 C++ 调用
+
 from .base import StateLessOP
 
 
@@ -65,14 +67,7 @@ class RotaryEmbedding(StateLessOP):
                 ) -> Tuple[torch.Tensor, torch.Tensor]:
         if self._cos_sin_cache.device != positions.device:
             self._cos_sin_cache = self._cos_sin_cache.to(positions.device)  # 只在第一次换设备时搬一次
-        cos, sin = self._cos_sin_cache.index_select(0, positions).unsqueeze(1).chunk(2, dim=-1)  # 各 (N, 1, D)
-        return self._rotate(query, cos, sin), self._rotate(key, cos, sin)
-
-    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        # HF 算 x·cos + rotate_half(x)·sin，rotate_half(x) = [-x2, x1]；负号已经放进表里的 sin，就只剩一次 roll
-        shape, d = x.shape, self.head_size
-        xf = x.reshape(shape[0], -1, d).float()  # (N, 头数, D)，在 fp32 里转
-        return (xf * cos + xf.roll(d // 2, dims=-1) * sin).to(x.dtype).reshape(shape)
+        return apply_rope(positions, query, key, self._cos_sin_cache, self.head_size)  # 查表旋转，见 minisgl/kernel
 
 
 @functools.cache

@@ -130,10 +130,13 @@ torch::Tensor small_linear(const torch::Tensor& x_in, const torch::Tensor& w_in,
   return y;
 }
 
+void register_decode_ops(pybind11::module_& m);  // decode_ops.cpp：同一个扩展里的其余小算子
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("small_linear", &small_linear, "y = x @ w.T + b for 1-8 fp32 rows", py::arg("x"), py::arg("w"),
         py::arg("b") = py::none());
   m.attr("max_rows") = kMaxRows;
   m.attr("vector_width") = kWidth;
   m.attr("tile") = py::make_tuple(kTileR, kTileT);
+  register_decode_ops(m);
 }

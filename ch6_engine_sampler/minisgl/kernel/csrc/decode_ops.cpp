@@ -1,0 +1,236 @@
+// decode 一步里矩阵乘之外的几个小算子，每个一次调用：RMSNorm（可带残差相加）、RoPE、写 KV、decode 注意力。
+// 它们的计算量都很小，一步 decode 的时间花在"调用次数"上：PyTorch 里一个 RMSNorm 是五六个 ATen 算子，
+// 每个都要分配输出、调度一次、把刚被权重挤出缓存的数据再读一遍。这里每个算子读一遍输入、写一遍输出。
+// 算式和 cpu_ops.py 里的 PyTorch 退路一样，只差浮点累加顺序；tests/ch6/test_kernel.py 逐个核对。
+#include <torch/extension.h>
+
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <cstring>
+#include <tuple>
+#include <vector>
+
+namespace {
+
+#if defined(__AVX512F__)
+constexpr int kWidth = 16;
+#elif defined(__AVX__)
+constexpr int kWidth = 8;
+#else
+constexpr int kWidth = 4;
+#endif
+
+typedef float vec __attribute__((vector_size(kWidth * sizeof(float))));
+
+inline vec load(const float* p) {
+  vec v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+inline float dot(const float* a, const float* b, int64_t n) {
+  vec acc = {};
+  int64_t i = 0;
+  for (; i + kWidth <= n; i += kWidth) acc += load(a + i) * load(b + i);
+  float s = 0.f;
+  for (int j = 0; j < kWidth; ++j) s += acc[j];
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+// 和 HF 同一个顺序：先 x·rsqrt(mean(x²) + eps)，再乘 weight
+inline void norm_row(const float* x, const float* w, float* y, int64_t d, float eps) {
+  const float r = 1.f / std::sqrt(dot(x, x, d) / static_cast<float>(d) + eps);
+  for (int64_t i = 0; i < d; ++i) y[i] = w[i] * (x[i] * r);
+}
+
+void check_f32(const torch::Tensor& t, const char* op, const char* name) {
+  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kFloat, op, ": ", name, " must be a CPU fp32 tensor, got ",
+              t.scalar_type(), " on ", t.device());
+}
+
+void check_index(int64_t i, int64_t size, const char* op, const char* name) {
+  TORCH_CHECK(i >= 0 && i < size, op, ": ", name, " ", i, " is out of range [0, ", size, ")");
+}
+
+}  // namespace
+
+// x: (..., d) -> 同形状
+torch::Tensor rms_norm(const torch::Tensor& x_in, const torch::Tensor& w, double eps) {
+  RECORD_FUNCTION("minisgl::rms_norm", std::vector<c10::IValue>());
+  check_f32(x_in, "rms_norm", "x");
+  check_f32(w, "rms_norm", "weight");
+  const int64_t d = w.numel();
+  TORCH_CHECK(x_in.dim() >= 1 && x_in.size(-1) == d, "rms_norm: x ", x_in.sizes(), " does not end in ", d);
+  const auto x = x_in.contiguous();
+  auto y = torch::empty_like(x);
+  const float* xp = x.data_ptr<float>();
+  const float* wp = w.contiguous().data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  for (int64_t r = 0, n = d ? x.numel() / d : 0; r < n; ++r) norm_row(xp + r * d, wp, yp + r * d, d, eps);
+  return y;
+}
+
+// 返回 (rms_norm(x + residual), x + residual)；不改输入
+std::tuple<torch::Tensor, torch::Tensor> add_rms_norm(const torch::Tensor& x_in, const torch::Tensor& res_in,
+                                                      const torch::Tensor& w, double eps) {
+  RECORD_FUNCTION("minisgl::add_rms_norm", std::vector<c10::IValue>());
+  check_f32(x_in, "add_rms_norm", "x");
+  check_f32(res_in, "add_rms_norm", "residual");
+  check_f32(w, "add_rms_norm", "weight");
+  const int64_t d = w.numel();
+  TORCH_CHECK(x_in.sizes() == res_in.sizes() && x_in.dim() >= 1 && x_in.size(-1) == d, "add_rms_norm: x ",
+              x_in.sizes(), " and residual ", res_in.sizes(), " must match and end in ", d);
+  const auto x = x_in.contiguous(), res = res_in.contiguous();
+  auto y = torch::empty_like(x), sum = torch::empty_like(x);
+  const float *xp = x.data_ptr<float>(), *rp = res.data_ptr<float>(), *wp = w.contiguous().data_ptr<float>();
+  float *yp = y.data_ptr<float>(), *sp = sum.data_ptr<float>();
+  for (int64_t r = 0, n = d ? x.numel() / d : 0; r < n; ++r) {
+    float* s = sp + r * d;
+    for (int64_t i = 0; i < d; ++i) s[i] = xp[r * d + i] + rp[r * d + i];
+    norm_row(s, wp, yp + r * d, d, eps);
+  }
+  return {y, sum};
+}
+
+// positions (N,)；query (N, H_q·D)、key (N, H_kv·D)（行内连续即可，行间可以有间隔：qkv 切出来的 view）；
+// cos_sin (max_pos, 2D)，每行 [cos, cos, -sin, sin] -> 旋转后的新 (query, key)
+std::tuple<torch::Tensor, torch::Tensor> apply_rope(const torch::Tensor& pos_in, const torch::Tensor& query,
+                                                    const torch::Tensor& key, const torch::Tensor& cos_sin,
+                                                    int64_t head_dim) {
+  RECORD_FUNCTION("minisgl::apply_rope", std::vector<c10::IValue>());
+  check_f32(query, "apply_rope", "query");
+  check_f32(key, "apply_rope", "key");
+  check_f32(cos_sin, "apply_rope", "cos_sin_cache");
+  const int64_t n = pos_in.numel(), d = head_dim, half = head_dim / 2;
+  TORCH_CHECK(d > 0 && d % 2 == 0 && cos_sin.dim() == 2 && cos_sin.size(1) == 2 * d && cos_sin.is_contiguous(),
+              "apply_rope: cos_sin_cache ", cos_sin.sizes(), " does not fit head_dim ", d);
+  const auto pos = pos_in.to(at::kLong).contiguous();
+  const int64_t* pp = pos.data_ptr<int64_t>();
+  const float* cs = cos_sin.data_ptr<float>();
+  auto rotate = [&](const torch::Tensor& x_in) {
+    TORCH_CHECK(x_in.size(0) == n && x_in.numel() % (n ? n * d : 1) == 0, "apply_rope: ", x_in.sizes(),
+                " is not (", n, ", heads·", d, ")");
+    const auto x = x_in.reshape({n, -1});
+    const auto xc = x.stride(-1) == 1 ? x : x.contiguous();
+    auto y = torch::empty({n, xc.size(1)}, xc.options());
+    const int64_t heads = xc.size(1) / d;
+    for (int64_t t = 0; t < n; ++t) {
+      check_index(pp[t], cos_sin.size(0), "apply_rope", "position");
+      const float* c = cs + pp[t] * 2 * d;  // cos 在前 d 列，带符号的 sin 在后 d 列
+      const float* s = c + d;
+      for (int64_t h = 0; h < heads; ++h) {
+        const float* xh = xc.data_ptr<float>() + t * xc.stride(0) + h * d;
+        float* yh = y.data_ptr<float>() + (t * heads + h) * d;
+        for (int64_t i = 0; i < half; ++i) {  // HF：x·cos + rotate_half(x)·sin，rotate_half(x) = [-x2, x1]
+          yh[i] = xh[i] * c[i] + xh[i + half] * s[i];
+          yh[i + half] = xh[i + half] * c[i + half] + xh[i] * s[i + half];
+        }
+      }
+    }
+    return y.view(x_in.sizes());
+  };
+  return {rotate(query), rotate(key)};
+}
+
+// k_cache / v_cache (槽位数, ...)：把 k[i]、v[i] 拷进第 indices[i] 个槽位（官方 kernel.store_cache 的参数顺序）
+void store_cache(torch::Tensor& k_cache, torch::Tensor& v_cache, const torch::Tensor& indices,
+                 const torch::Tensor& k_in, const torch::Tensor& v_in) {
+  RECORD_FUNCTION("minisgl::store_cache", std::vector<c10::IValue>());
+  check_f32(k_cache, "store_cache", "k_cache");
+  check_f32(v_cache, "store_cache", "v_cache");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.sizes() == v_cache.sizes(),
+              "store_cache: k_cache and v_cache must be contiguous and of the same shape");
+  const int64_t slots = k_cache.size(0), row = slots ? k_cache.numel() / slots : 0, n = indices.numel();
+  const auto loc = indices.to(at::kLong).contiguous();
+  const auto k = k_in.reshape({n, -1}).contiguous(), v = v_in.reshape({n, -1}).contiguous();
+  check_f32(k, "store_cache", "k");
+  check_f32(v, "store_cache", "v");
+  TORCH_CHECK(k.size(1) == row && v.size(1) == row, "store_cache: k ", k_in.sizes(), " / v ", v_in.sizes(),
+              " do not fit slots of ", row, " floats");
+  const int64_t* lp = loc.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    check_index(lp[i], slots, "store_cache", "slot");
+    std::memcpy(k_cache.data_ptr<float>() + lp[i] * row, k.data_ptr<float>() + i * row, row * sizeof(float));
+    std::memcpy(v_cache.data_ptr<float>() + lp[i] * row, v.data_ptr<float>() + i * row, row * sizeof(float));
+  }
+}
+
+// --8<-- [start:decode_attention]
+// q (bs, H_q, D)：每个请求 1 个新 token；k_cache / v_cache (槽位数, H_kv, D)；slots (bs, L) 每个请求的历史槽位；
+// mask (bs, L) 或 (bs, 1, 1, L)，True = 真历史。直接按槽位读池子，不先拷成 (bs, L, H_kv, D) 的矩形
+torch::Tensor decode_attention(const torch::Tensor& q_in, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+                               const torch::Tensor& slots_in, const torch::Tensor& mask_in, double scale) {
+  RECORD_FUNCTION("minisgl::decode_attention", std::vector<c10::IValue>());
+  check_f32(q_in, "decode_attention", "q");
+  check_f32(k_cache, "decode_attention", "k_cache");
+  check_f32(v_cache, "decode_attention", "v_cache");
+  TORCH_CHECK(q_in.dim() == 3 && k_cache.dim() == 3 && k_cache.sizes() == v_cache.sizes() &&
+              k_cache.is_contiguous() && v_cache.is_contiguous() && q_in.size(2) == k_cache.size(2) &&
+              k_cache.size(1) > 0 && q_in.size(1) % k_cache.size(1) == 0,
+              "decode_attention: q ", q_in.sizes(), " does not fit the cache ", k_cache.sizes());
+  const auto q = q_in.contiguous();
+  const int64_t bs = q.size(0), hq = q.size(1), d = q.size(2), hkv = k_cache.size(1), groups = hq / hkv;
+  const auto slots = slots_in.to(at::kLong).contiguous();
+  const auto mask = mask_in.to(at::kBool).reshape({bs, -1}).contiguous();
+  const int64_t len = slots.size(-1), num_slots = k_cache.size(0);
+  TORCH_CHECK(slots.dim() == 2 && slots.size(0) == bs && mask.size(1) == len, "decode_attention: slots ",
+              slots_in.sizes(), " and mask ", mask_in.sizes(), " do not fit ", bs, " requests");
+  auto out = torch::zeros_like(q);
+  const float *qp = q.data_ptr<float>(), *kp = k_cache.data_ptr<float>(), *vp = v_cache.data_ptr<float>();
+  const int64_t* sp = slots.data_ptr<int64_t>();
+  const bool* mp = mask.data_ptr<bool>();
+  float* op = out.data_ptr<float>();
+  for (int64_t i = 0; i < bs * len; ++i) check_index(sp[i], num_slots, "decode_attention", "slot");
+  // 一个任务 = 一个请求的一个 kv 头和共用它的 groups 个 q 头：每行 k、v 从内存读一次，给这几个 q 头都用上
+  const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, groups * len * d));
+  at::parallel_for(0, bs * hkv, grain, [&](int64_t lo, int64_t hi) {
+    std::vector<float> p(groups * len);
+    for (int64_t task = lo; task < hi; ++task) {
+      const int64_t b = task / hkv, h = task % hkv;
+      const int64_t* sl = sp + b * len;
+      const bool* ml = mp + b * len;
+      const float* qh = qp + (b * hq + h * groups) * d;
+      float* oh = op + (b * hq + h * groups) * d;
+      std::vector<float> top(groups, -INFINITY), z(groups, 0.f);
+      for (int64_t l = 0; l < len; ++l) {  // 分数 q·k·scale，同时记下每个 q 头的最大值
+        if (!ml[l]) continue;
+        const float* kr = kp + (sl[l] * hkv + h) * d;
+        for (int64_t g = 0; g < groups; ++g) {
+          const float s = dot(qh + g * d, kr, d) * static_cast<float>(scale);
+          p[g * len + l] = s;
+          top[g] = std::max(top[g], s);
+        }
+      }
+      for (int64_t l = 0; l < len; ++l) {  // softmax 的分子，和 Σ p·v（最后再除以分母）
+        if (!ml[l]) continue;
+        const float* vr = vp + (sl[l] * hkv + h) * d;
+        for (int64_t g = 0; g < groups; ++g) {
+          const float e = std::exp(p[g * len + l] - top[g]);
+          z[g] += e;
+          for (int64_t i = 0; i < d; ++i) oh[g * d + i] += e * vr[i];
+        }
+      }
+      for (int64_t g = 0; g < groups; ++g) {
+        const float inv = z[g] > 0.f ? 1.f / z[g] : 0.f;  // 整行都遮掉（不会发生）时输出 0，不出 NaN
+        for (int64_t i = 0; i < d; ++i) oh[g * d + i] *= inv;
+      }
+    }
+  });
+  return out;
+}
+// --8<-- [end:decode_attention]
+
+void register_decode_ops(pybind11::module_& m) {
+  using pybind11::arg;
+  m.def("rms_norm", &rms_norm, "x / sqrt(mean(x^2) + eps) * weight", arg("x"), arg("weight"), arg("eps"));
+  m.def("add_rms_norm", &add_rms_norm, "(rms_norm(x + residual), x + residual)", arg("x"), arg("residual"),
+        arg("weight"), arg("eps"));
+  m.def("apply_rope", &apply_rope, "neox-style RoPE from a [cos, cos, -sin, sin] table", arg("positions"),
+        arg("query"), arg("key"), arg("cos_sin_cache"), arg("head_dim"));
+  m.def("store_cache", &store_cache, "k_cache[indices] = k; v_cache[indices] = v", arg("k_cache"), arg("v_cache"),
+        arg("indices"), arg("k"), arg("v"));
+  m.def("decode_attention", &decode_attention, "softmax(q k^T * scale, masked) v, reading the pool by slot",
+        arg("q"), arg("k_cache"), arg("v_cache"), arg("slots"), arg("mask"), arg("scale"));
+}
