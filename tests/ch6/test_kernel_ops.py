@@ -1,6 +1,6 @@
 """minisgl.kernel 里矩阵乘之外的小算子（csrc/decode_ops.cpp）：每个都和它的 PyTorch 退路核对。
 
-退路就是前几章的算式（F.rms_norm、查表旋转、按槽位赋值、index_select + SDPA），所以"C++ 版 = 退路"就是"C++ 版 =
+退路就是前几章的算式（F.rms_norm、查表旋转、按槽位赋值、index_select + SDPA、F.silu），所以"C++ 版 = 退路"就是"C++ 版 =
 前几章"。形状挑不好对齐的：d 不是向量宽度的倍数、GQA 的组、补齐的槽位、行间有间隔的 view。输入一律不许被改；
 越界的槽位和位置报一行错，不去读写别人的内存。只核对数值，从不断言耗时。"""
 
@@ -149,6 +149,18 @@ def _decode_case(bs: int, heads: int, kv_heads: int, d: int, lens: list[int], se
     return torch.randn(bs, heads, d, generator=g), kc, vc, slots, mask
 
 
+@pytest.mark.parametrize("shape", [(1, 2 * 1536), (4, 2 * 1536), (3, 2 * 7), (2, 5, 18)])
+def test_silu_and_mul_matches_the_fallback(ext, fallback, shape):
+    from minisgl import kernel
+
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(shape[-1])) * 4  # 两头的饱和区也覆盖到
+    before = x.clone()
+    got = kernel.silu_and_mul(x)
+    assert torch.equal(got, fallback(kernel.silu_and_mul, x)), "exp 也是 ATen 算的：和 F.silu(x1) * x2 逐位相同"
+    assert got.shape == (*shape[:-1], shape[-1] // 2) and got.is_contiguous()
+    assert torch.equal(x, before), "输入不许被改"
+
+
 @pytest.mark.parametrize("bs,heads,kv_heads,d,lens", [(1, 9, 3, 64, [1]), (4, 9, 3, 64, [30, 1, 7, 256]),
                                                         (3, 16, 8, 128, [5, 40, 12]), (2, 2, 2, 6, [3, 9]),
                                                         (8, 4, 1, 17, [1, 2, 3, 4, 5, 6, 7, 8])])
@@ -161,6 +173,24 @@ def test_decode_attention_matches_the_fallback(ext, fallback, bs, heads, kv_head
     got = kernel.decode_attention(q, kc, vc, slots, mask, scale)
     _close(got, fallback(kernel.decode_attention, q, kc, vc, slots, mask, scale), "decode_attention")
     assert all(torch.equal(a, b) for a, b in zip((q, kc, vc), before)), "输入不许被改"
+
+
+@pytest.mark.parametrize("slot_dtype", [torch.int32, torch.int64])
+def test_decode_attention_takes_int32_and_int64_slots(ext, slot_dtype):
+    from minisgl import kernel
+
+    q, kc, vc, slots, mask = _decode_case(3, 4, 2, 8, [3, 9, 1], seed=5)
+    assert torch.equal(kernel.decode_attention(q, kc, vc, slots.to(slot_dtype), mask, 0.3),
+                       kernel.decode_attention(q, kc, vc, slots, mask, 0.3))
+
+
+def test_float_indices_are_refused_in_one_line(ext):
+    from minisgl import kernel
+
+    with pytest.raises(RuntimeError) as e:
+        kernel.store_cache(torch.zeros(4, 8), torch.zeros(4, 8), torch.tensor([1.0]), torch.ones(1, 8),
+                           torch.ones(1, 8))
+    assert str(e.value).splitlines()[0] == "store_cache: indices must be CPU int32 or int64, got Float"
 
 
 def test_decode_attention_ignores_what_the_mask_hides(ext):
@@ -194,7 +224,8 @@ def test_decode_attention_refuses_a_slot_outside_the_pool(ext):
     assert str(e.value).splitlines()[0] == f"decode_attention: slot {kc.shape[0]} is out of range [0, {kc.shape[0]})"
 
 
-@pytest.mark.parametrize("op", ["rms_norm", "add_rms_norm", "apply_rope", "store_cache", "decode_attention"])
+@pytest.mark.parametrize("op", ["rms_norm", "add_rms_norm", "apply_rope", "store_cache", "decode_attention",
+                                "silu_and_mul"])
 def test_other_dtypes_take_the_pytorch_path(op, monkeypatch):
     """C++ 版只收 CPU 上的 fp32：bf16 原样交给 PyTorch 算式，一次也不调 C++。"""
     from minisgl import kernel
@@ -212,6 +243,7 @@ def test_other_dtypes_take_the_pytorch_path(op, monkeypatch):
             "store_cache": (torch.zeros(4, 1, 8, dtype=bf), torch.zeros(4, 1, 8, dtype=bf), torch.tensor([2, 0]),
                             torch.ones(2, 8, dtype=bf), torch.ones(2, 8, dtype=bf)),
             "decode_attention": (*(t.to(bf) if t.is_floating_point() else t
-                                   for t in _decode_case(1, 2, 1, 8, [3], seed=4)), 0.3)}[op]
+                                   for t in _decode_case(1, 2, 1, 8, [3], seed=4)), 0.3),
+            "silu_and_mul": (torch.randn(2, 16, dtype=bf),)}[op]
     monkeypatch.setattr(cpu_ops, "extension", lambda: Refuse())
     getattr(kernel, op)(*args)

@@ -1,10 +1,10 @@
 """decode 一步里矩阵乘之外的小算子：CPU 上的 fp32 走 csrc/decode_ops.cpp，一个算子一次调用；其余走 PyTorch。
 
-每个函数的退路就是前几章的算式（F.rms_norm、查表旋转、按槽位赋值、SDPA），签名和它们在 layers / kvcache /
+每个函数的退路就是前几章的算式（F.rms_norm、查表旋转、按槽位赋值、SDPA、F.silu），签名和它们在 layers / kvcache /
 attention 里的调用一样。C++ 版只是少付调度开销：PyTorch 里一个 RMSNorm 是五六个 ATen 算子，decode 每步每层要做好几次，
 每个算子都要分配输出、调度一次、把刚被权重挤出缓存的数据再读一遍（附录"CPU 上的矩阵乘"有实测）。
-官方在 GPU 上用 flashinfer 的 rmsnorm / fused_add_rmsnorm / apply_rope_with_cos_sin_cache_inplace、自己的
-store_cache 内核和 FlashInfer 的 decode 注意力做同样的事。
+官方在 GPU 上用 flashinfer 的 rmsnorm / fused_add_rmsnorm / apply_rope_with_cos_sin_cache_inplace / silu_and_mul、
+自己的 store_cache 内核和 FlashInfer 的 decode 注意力做同样的事。
 """
 
 from __future__ import annotations
@@ -77,3 +77,11 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     o = F.scaled_dot_product_attention(q.reshape(bs, h_q, 1, d), k.transpose(1, 2), v.transpose(1, 2),
                                        attn_mask=mask, scale=scale, enable_gqa=True)
     return o.reshape(bs, h_q, d)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """门控激活：x (N, 2I) 的前一半过 SiLU，乘以后一半 -> (N, I)。"""
+    if _fast(x):
+        return extension().silu_and_mul(x)
+    d = x.shape[-1] // 2
+    return F.silu(x[..., :d]) * x[..., d:]

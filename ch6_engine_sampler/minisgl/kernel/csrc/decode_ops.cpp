@@ -1,4 +1,4 @@
-// decode 一步里矩阵乘之外的几个小算子，每个一次调用：RMSNorm（可带残差相加）、RoPE、写 KV、decode 注意力。
+// decode 一步里矩阵乘之外的几个小算子，每个一次调用：RMSNorm（可带残差相加）、RoPE、写 KV、decode 注意力、SiLU 门控。
 // 它们的计算量都很小，一步 decode 的时间花在"调用次数"上：PyTorch 里一个 RMSNorm 是五六个 ATen 算子，
 // 每个都要分配输出、调度一次、把刚被权重挤出缓存的数据再读一遍。这里每个算子读一遍输入、写一遍输出。
 // 算式和 cpu_ops.py 里的 PyTorch 退路一样，只差浮点累加顺序；tests/ch6/test_kernel.py 逐个核对。
@@ -6,6 +6,7 @@
 
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <tuple>
@@ -50,6 +51,15 @@ void check_f32(const torch::Tensor& t, const char* op, const char* name) {
               t.scalar_type(), " on ", t.device());
 }
 
+// int32 和 int64 的下标都直接读（positions、out_loc 是 int32，page table 取出来的是 int64），不先转一份
+std::vector<int64_t> indices_of(const torch::Tensor& t, const char* op, const char* name) {
+  TORCH_CHECK(t.device().is_cpu() && (t.scalar_type() == at::kInt || t.scalar_type() == at::kLong), op, ": ", name,
+              " must be CPU int32 or int64, got ", t.scalar_type());
+  const auto c = t.contiguous();
+  if (c.scalar_type() == at::kLong) return {c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel()};
+  return {c.data_ptr<int32_t>(), c.data_ptr<int32_t>() + c.numel()};
+}
+
 void check_index(int64_t i, int64_t size, const char* op, const char* name) {
   TORCH_CHECK(i >= 0 && i < size, op, ": ", name, " ", i, " is out of range [0, ", size, ")");
 }
@@ -63,12 +73,17 @@ torch::Tensor rms_norm(const torch::Tensor& x_in, const torch::Tensor& w, double
   check_f32(w, "rms_norm", "weight");
   const int64_t d = w.numel();
   TORCH_CHECK(x_in.dim() >= 1 && x_in.size(-1) == d, "rms_norm: x ", x_in.sizes(), " does not end in ", d);
-  const auto x = x_in.contiguous();
-  auto y = torch::empty_like(x);
+  // Qwen3 的 q/k norm 拿到的是从 qkv 切出来的 (N, H, D)：头内连续、行间有间隔，按步长直接读，不先拷一份
+  const bool heads = x_in.dim() == 3 && x_in.stride(2) == 1 && x_in.stride(1) == d;
+  const auto x = heads ? x_in : x_in.contiguous();
+  auto y = torch::empty(x.sizes(), x.options());
   const float* xp = x.data_ptr<float>();
   const float* wp = w.contiguous().data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  for (int64_t r = 0, n = d ? x.numel() / d : 0; r < n; ++r) norm_row(xp + r * d, wp, yp + r * d, d, eps);
+  const int64_t per_row = heads ? x.size(1) : 1, row_stride = heads ? x.stride(0) : per_row * d;
+  for (int64_t r = 0, n = d ? x.numel() / d : 0; r < n; ++r) {
+    norm_row(xp + r / per_row * row_stride + r % per_row * d, wp, yp + r * d, d, eps);
+  }
   return y;
 }
 
@@ -106,16 +121,17 @@ std::tuple<torch::Tensor, torch::Tensor> apply_rope(const torch::Tensor& pos_in,
   const int64_t n = pos_in.numel(), d = head_dim, half = head_dim / 2;
   TORCH_CHECK(d > 0 && d % 2 == 0 && cos_sin.dim() == 2 && cos_sin.size(1) == 2 * d && cos_sin.is_contiguous(),
               "apply_rope: cos_sin_cache ", cos_sin.sizes(), " does not fit head_dim ", d);
-  const auto pos = pos_in.to(at::kLong).contiguous();
-  const int64_t* pp = pos.data_ptr<int64_t>();
+  const auto pos = pos_in.contiguous();
+  const std::vector<int64_t> pp = indices_of(pos, "apply_rope", "positions");
   const float* cs = cos_sin.data_ptr<float>();
   auto rotate = [&](const torch::Tensor& x_in) {
-    TORCH_CHECK(x_in.size(0) == n && x_in.numel() % (n ? n * d : 1) == 0, "apply_rope: ", x_in.sizes(),
-                " is not (", n, ", heads·", d, ")");
-    const auto x = x_in.reshape({n, -1});
-    const auto xc = x.stride(-1) == 1 ? x : x.contiguous();
-    auto y = torch::empty({n, xc.size(1)}, xc.options());
-    const int64_t heads = xc.size(1) / d;
+    TORCH_CHECK(x_in.dim() >= 1 && x_in.size(0) == n && x_in.numel() % (n ? n * d : 1) == 0, "apply_rope: ",
+                x_in.sizes(), " is not (", n, ", heads·", d, ")");
+    // 每个 token 的一行连续就行（(N, H·D) 或 (N, H, D)），行间可以有间隔：按步长直接读，不先拷一份
+    const bool rows = x_in.stride(-1) == 1 && (x_in.dim() == 2 || (x_in.dim() == 3 && x_in.stride(1) == d));
+    const auto xc = rows ? x_in : x_in.contiguous();
+    auto y = torch::empty(xc.sizes(), xc.options());
+    const int64_t heads = n ? xc.numel() / (n * d) : 0;
     for (int64_t t = 0; t < n; ++t) {
       check_index(pp[t], cos_sin.size(0), "apply_rope", "position");
       const float* c = cs + pp[t] * 2 * d;  // cos 在前 d 列，带符号的 sin 在后 d 列
@@ -129,7 +145,7 @@ std::tuple<torch::Tensor, torch::Tensor> apply_rope(const torch::Tensor& pos_in,
         }
       }
     }
-    return y.view(x_in.sizes());
+    return y;
   };
   return {rotate(query), rotate(key)};
 }
@@ -143,13 +159,12 @@ void store_cache(torch::Tensor& k_cache, torch::Tensor& v_cache, const torch::Te
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.sizes() == v_cache.sizes(),
               "store_cache: k_cache and v_cache must be contiguous and of the same shape");
   const int64_t slots = k_cache.size(0), row = slots ? k_cache.numel() / slots : 0, n = indices.numel();
-  const auto loc = indices.to(at::kLong).contiguous();
+  const std::vector<int64_t> lp = indices_of(indices, "store_cache", "indices");
   const auto k = k_in.reshape({n, -1}).contiguous(), v = v_in.reshape({n, -1}).contiguous();
   check_f32(k, "store_cache", "k");
   check_f32(v, "store_cache", "v");
   TORCH_CHECK(k.size(1) == row && v.size(1) == row, "store_cache: k ", k_in.sizes(), " / v ", v_in.sizes(),
               " do not fit slots of ", row, " floats");
-  const int64_t* lp = loc.data_ptr<int64_t>();
   for (int64_t i = 0; i < n; ++i) {
     check_index(lp[i], slots, "store_cache", "slot");
     std::memcpy(k_cache.data_ptr<float>() + lp[i] * row, k.data_ptr<float>() + i * row, row * sizeof(float));
@@ -172,14 +187,14 @@ torch::Tensor decode_attention(const torch::Tensor& q_in, const torch::Tensor& k
               "decode_attention: q ", q_in.sizes(), " does not fit the cache ", k_cache.sizes());
   const auto q = q_in.contiguous();
   const int64_t bs = q.size(0), hq = q.size(1), d = q.size(2), hkv = k_cache.size(1), groups = hq / hkv;
-  const auto slots = slots_in.to(at::kLong).contiguous();
   const auto mask = mask_in.to(at::kBool).reshape({bs, -1}).contiguous();
-  const int64_t len = slots.size(-1), num_slots = k_cache.size(0);
-  TORCH_CHECK(slots.dim() == 2 && slots.size(0) == bs && mask.size(1) == len, "decode_attention: slots ",
+  const int64_t len = slots_in.dim() == 2 ? slots_in.size(1) : -1, num_slots = k_cache.size(0);
+  TORCH_CHECK(slots_in.dim() == 2 && slots_in.size(0) == bs && mask.size(1) == len, "decode_attention: slots ",
               slots_in.sizes(), " and mask ", mask_in.sizes(), " do not fit ", bs, " requests");
-  auto out = torch::zeros_like(q);
+  const std::vector<int64_t> slots = indices_of(slots_in, "decode_attention", "slots");
+  auto out = torch::empty_like(q);
   const float *qp = q.data_ptr<float>(), *kp = k_cache.data_ptr<float>(), *vp = v_cache.data_ptr<float>();
-  const int64_t* sp = slots.data_ptr<int64_t>();
+  const int64_t* sp = slots.data();
   const bool* mp = mask.data_ptr<bool>();
   float* op = out.data_ptr<float>();
   for (int64_t i = 0; i < bs * len; ++i) check_index(sp[i], num_slots, "decode_attention", "slot");
@@ -194,6 +209,7 @@ torch::Tensor decode_attention(const torch::Tensor& q_in, const torch::Tensor& k
       const float* qh = qp + (b * hq + h * groups) * d;
       float* oh = op + (b * hq + h * groups) * d;
       std::vector<float> top(groups, -INFINITY), z(groups, 0.f);
+      std::fill(oh, oh + groups * d, 0.f);
       for (int64_t l = 0; l < len; ++l) {  // 分数 q·k·scale，同时记下每个 q 头的最大值
         if (!ml[l]) continue;
         const float* kr = kp + (sl[l] * hkv + h) * d;
@@ -222,6 +238,16 @@ torch::Tensor decode_attention(const torch::Tensor& q_in, const torch::Tensor& k
 }
 // --8<-- [end:decode_attention]
 
+// x (N, 2I) -> (N, I)：前一半过 SiLU，乘以后一半。exp 交给 ATen 的向量化实现（自己写标量的 exp，4 行时反而慢），
+// 这里省下的是 Python 一侧的两次切片、两次分派和一个临时张量；结果和 F.silu(x1) * x2 逐位相同
+torch::Tensor silu_and_mul(const torch::Tensor& x) {
+  RECORD_FUNCTION("minisgl::silu_and_mul", std::vector<c10::IValue>());
+  check_f32(x, "silu_and_mul", "x");
+  TORCH_CHECK(x.dim() >= 1 && x.size(-1) % 2 == 0, "silu_and_mul: last dim of ", x.sizes(), " is not even");
+  const int64_t half = x.size(-1) / 2;
+  return at::silu(x.narrow(-1, 0, half)).mul_(x.narrow(-1, half, half));
+}
+
 void register_decode_ops(pybind11::module_& m) {
   using pybind11::arg;
   m.def("rms_norm", &rms_norm, "x / sqrt(mean(x^2) + eps) * weight", arg("x"), arg("weight"), arg("eps"));
@@ -233,4 +259,5 @@ void register_decode_ops(pybind11::module_& m) {
         arg("indices"), arg("k"), arg("v"));
   m.def("decode_attention", &decode_attention, "softmax(q k^T * scale, masked) v, reading the pool by slot",
         arg("q"), arg("k_cache"), arg("v_cache"), arg("slots"), arg("mask"), arg("scale"));
+  m.def("silu_and_mul", &silu_and_mul, "silu(x[..., :I]) * x[..., I:]", arg("x"));
 }
