@@ -191,7 +191,8 @@ def test_kernel_package_does_not_import_layers():
 @pytest.mark.parametrize("path", ["kernel", "F.linear"])
 @pytest.mark.parametrize("name", ["qwen3-tied", "qwen3-untied", "qwen2", "llama3"])
 def test_engine_matches_hf_on_both_paths(tiny_models, monkeypatch, path, name):
-    """batch 里 4 个提示词经由 Engine 生成 8 个，和 HF 逐 token 相同：走核（decode 的 1~4 行）和全走 F.linear 都一样。
+    """batch 里 4 个提示词经由 Engine 生成 8 个，和 HF 逐 token 相同：走核（decode 的 1~4 行和小算子）和全走 PyTorch
+    （F.linear 和前几章的算式；cpu_ops 和线性层共用 cpu_linear.extension 这一个开关）都一样。
     同时核对核真的被调用了（或真的没被调用）。"""
     from minisgl.kernel import cpu_linear
 

@@ -26,11 +26,11 @@ def ext():
 @pytest.fixture
 def fallback(monkeypatch):
     """让 minisgl.kernel 的函数都走 PyTorch 退路（和编译失败时一样）。"""
-    from minisgl.kernel import cpu_ops
+    from minisgl.kernel import cpu_linear
 
     def run(fn, *args):
         with monkeypatch.context() as m:
-            m.setattr(cpu_ops, "extension", lambda: None)
+            m.setattr(cpu_linear, "extension", lambda: None)
             return fn(*args)
 
     return run
@@ -229,7 +229,7 @@ def test_decode_attention_refuses_a_slot_outside_the_pool(ext):
 def test_other_dtypes_take_the_pytorch_path(op, monkeypatch):
     """C++ 版只收 CPU 上的 fp32：bf16 原样交给 PyTorch 算式，一次也不调 C++。"""
     from minisgl import kernel
-    from minisgl.kernel import cpu_ops
+    from minisgl.kernel import cpu_linear
 
     class Refuse:
         def __getattr__(self, name):
@@ -245,5 +245,5 @@ def test_other_dtypes_take_the_pytorch_path(op, monkeypatch):
             "decode_attention": (*(t.to(bf) if t.is_floating_point() else t
                                    for t in _decode_case(1, 2, 1, 8, [3], seed=4)), 0.3),
             "silu_and_mul": (torch.randn(2, 16, dtype=bf),)}[op]
-    monkeypatch.setattr(cpu_ops, "extension", lambda: Refuse())
+    monkeypatch.setattr(cpu_linear, "extension", lambda: Refuse())
     getattr(kernel, op)(*args)

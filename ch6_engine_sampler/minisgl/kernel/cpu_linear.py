@@ -48,7 +48,7 @@ def extension() -> ModuleType | None:
         return None
     arch = "-mcpu=native" if platform.machine().lower() in ("arm64", "aarch64") else "-march=native"
     flags = ["-O3", arch, *(["-fopenmp"] if sys.platform.startswith("linux") else [])]  # OpenMP：用 torch 的线程池
-    name = f"minisgl_kernel_{_cache_tag()}"
+    name, files = f"minisgl_kernel_{_cache_tag()}", "、".join(p.name for p in SOURCES)
     t0 = time.perf_counter()
     try:
         import ninja  # requirements.txt 钉的 PyPI 包：没激活 venv 时它不在 PATH 上，cpp_extension 找不到
@@ -64,14 +64,14 @@ def extension() -> ModuleType | None:
                    verbose=False)
     except Exception as e:  # 编译器、ninja、编译错误：原因各不相同，都退回 F.linear
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        print(f"minisgl.kernel：编译 {'、'.join(p.name for p in SOURCES)} 失败（{reason[:200]}），"
+        print(f"minisgl.kernel：编译 {files} 失败（{reason[:200]}），"
               "改用 PyTorch 的算子（F.linear、F.rms_norm……，结果相同、decode 慢）；"
               f"要它就装上 C++ 编译器（如 apt-get install g++ / xcode-select --install）和 pip install ninja",
               file=sys.stderr)
         return None
     if time.perf_counter() - t0 > 2:
-        print(f"minisgl.kernel：编译了 {'、'.join(p.name for p in SOURCES)}"
-              f"（{time.perf_counter() - t0:.0f} 秒，之后的进程直接用缓存）", file=sys.stderr)
+        print(f"minisgl.kernel：编译了 {files}（{time.perf_counter() - t0:.0f} 秒，之后的进程直接用缓存）",
+              file=sys.stderr)
     return ext
 
 

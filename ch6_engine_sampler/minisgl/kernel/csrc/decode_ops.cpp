@@ -121,8 +121,8 @@ std::tuple<torch::Tensor, torch::Tensor> apply_rope(const torch::Tensor& pos_in,
   const int64_t n = pos_in.numel(), d = head_dim, half = head_dim / 2;
   TORCH_CHECK(d > 0 && d % 2 == 0 && cos_sin.dim() == 2 && cos_sin.size(1) == 2 * d && cos_sin.is_contiguous(),
               "apply_rope: cos_sin_cache ", cos_sin.sizes(), " does not fit head_dim ", d);
-  const auto pos = pos_in.contiguous();
-  const std::vector<int64_t> pp = indices_of(pos, "apply_rope", "positions");
+  const std::vector<int64_t> pp = indices_of(pos_in, "apply_rope", "positions");
+  for (const int64_t p : pp) check_index(p, cos_sin.size(0), "apply_rope", "position");  // query、key 共用，查一次
   const float* cs = cos_sin.data_ptr<float>();
   auto rotate = [&](const torch::Tensor& x_in) {
     TORCH_CHECK(x_in.dim() >= 1 && x_in.size(0) == n && x_in.numel() % (n ? n * d : 1) == 0, "apply_rope: ",
@@ -133,7 +133,6 @@ std::tuple<torch::Tensor, torch::Tensor> apply_rope(const torch::Tensor& pos_in,
     auto y = torch::empty(xc.sizes(), xc.options());
     const int64_t heads = n ? xc.numel() / (n * d) : 0;
     for (int64_t t = 0; t < n; ++t) {
-      check_index(pp[t], cos_sin.size(0), "apply_rope", "position");
       const float* c = cs + pp[t] * 2 * d;  // cos 在前 d 列，带符号的 sin 在后 d 列
       const float* s = c + d;
       for (int64_t h = 0; h < heads; ++h) {
@@ -165,8 +164,8 @@ void store_cache(torch::Tensor& k_cache, torch::Tensor& v_cache, const torch::Te
   check_f32(v, "store_cache", "v");
   TORCH_CHECK(k.size(1) == row && v.size(1) == row, "store_cache: k ", k_in.sizes(), " / v ", v_in.sizes(),
               " do not fit slots of ", row, " floats");
+  for (const int64_t i : lp) check_index(i, slots, "store_cache", "slot");  // 先全查一遍：出错时池子一个槽位也没动
   for (int64_t i = 0; i < n; ++i) {
-    check_index(lp[i], slots, "store_cache", "slot");
     std::memcpy(k_cache.data_ptr<float>() + lp[i] * row, k.data_ptr<float>() + i * row, row * sizeof(float));
     std::memcpy(v_cache.data_ptr<float>() + lp[i] * row, v.data_ptr<float>() + i * row, row * sizeof(float));
   }
