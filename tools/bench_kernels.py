@@ -4,8 +4,10 @@
                                                         # 表写进 docs/snippets/bench_kernels.md
     .venv/bin/python -m tools.bench_kernels --layers 28 --rows 1 4
 
-并排三列：F.linear（MKL 的 sgemm）、第 6 章 minisgl.kernel 的 C++ 小批量矩阵乘、同样多的字节用 sum() 读一遍
-（读带宽的参照：矩阵乘不可能比只读一遍还快）。三种轮流测，每项取 --repeat 轮中最快的一轮。
+并排四列：F.linear（MKL 的 sgemm）、第 6 章 minisgl.kernel 的 C++ 小批量矩阵乘、同一个核读放进 2 MB 大页的
+同一份权重（kernel.to_huge_pages，Engine 加载时就这么放）、用 sum() 把大页上的那份读一遍
+（读带宽的参照：矩阵乘不可能比只读一遍还快）。
+几种轮流测，每项取 --repeat 轮中最快的一轮。
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from tools.bench import kernel_summary, machine_line
+from tools.bench import huge_page_line, kernel_summary, machine_line
 from tools.manifest import ROOT, use_checkpoint
 
 use_checkpoint("ch6_engine_sampler")  # 量的是第 6 章 minisgl.kernel 的做法
@@ -28,7 +30,8 @@ from minisgl import kernel  # noqa: E402
 SNIPPET = ROOT / "docs" / "snippets" / "bench_kernels.md"  # 附录引用的表
 COMMAND = ".venv/bin/python -m tools.bench_kernels"
 SHAPES = [(4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072)]  # Qwen3-0.6B 一层：qkv、o、gate_up、down
-COLUMNS = ["行数", "F.linear（MKL sgemm）", "minisgl.kernel（C++）", "sum() 读同样多的字节"]
+COLUMNS = ["行数", "F.linear（MKL sgemm）", "minisgl.kernel（C++）", "minisgl.kernel，权重在 2 MB 大页上",
+           "sum() 读大页上的那份"]
 
 
 def best_seconds(kinds: dict, rows: int, repeat: int) -> dict[str, float]:
@@ -62,15 +65,17 @@ def main() -> None:
     torch.manual_seed(0)
     weights = [torch.randn(o, i) * 0.02 for _ in range(args.layers) for o, i in SHAPES]
     nbytes = sum(w.numel() * w.element_size() for w in weights)
+    huge = [kernel.to_huge_pages(w) for w in weights]  # 同样的值，放进 2 MB 大页（系统没有 THP 时就是同一份）
     kinds = {COLUMNS[1]: (F.linear, weights), COLUMNS[2]: (kernel.linear, weights),
-             COLUMNS[3]: (lambda x, w: w.sum(), weights)}
+             COLUMNS[3]: (kernel.linear, huge), COLUMNS[4]: (lambda x, w: w.sum(), huge)}
     command = COMMAND if default_run else " ".join(["python", "-m", "tools.bench_kernels"] + sys.argv[1:])
     lines = [f"<!-- 由 tools/bench_kernels.py 生成，不要手改；重新生成：{COMMAND} -->", "",
              f"命令：`{command}`<br>",
              f"日期：{datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}；{machine_line()}<br>",
              f"minisgl.kernel：{kernel_summary()}<br>",
-             (f"{args.layers} 层线性层，fp32 权重 {nbytes / 2**20:.0f} MiB；三种做法轮流测，每项 {args.repeat} 轮取最快"
-             "（一次运行；这台机器和别人共用，绝对值有起伏，看同一行里的比例）"), "",
+             f"{args.layers} 层线性层，fp32 权重 {nbytes / 2**20:.0f} MiB；后两列读的那份：{huge_page_line(huge)}<br>",
+             (f"几种做法轮流测，每项 {args.repeat} 轮取最快"
+              "（一次运行；这台机器和别人共用，绝对值有起伏，看同一行里的比例）"), "",
              "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     print("\n".join(lines[2:]), flush=True)
     with torch.inference_mode():

@@ -188,6 +188,35 @@ def test_task1_missing_model_dir(tiny_models, tmp_path):
         assert e.num_pages == 8
 
 
+def test_task1_large_weights_are_put_on_huge_pages(tmp_path):
+    """CPU 上 _load_weight_state_dict 把每个张量交给 kernel.to_huge_pages：至少 2 MB 的那些从 2 MB 边界开始
+    （拷进了大页），值和检查点一样；小的原样收下。"""
+    from safetensors.torch import load_file
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from minisgl.kernel import huge_pages
+
+    if torch.cuda.is_available() or not huge_pages._thp_enabled():
+        pytest.skip("权重在 GPU 上，或这台机器没有透明大页：to_huge_pages 原样返回")
+    config = Qwen3Config(hidden_size=256, intermediate_size=1024, num_hidden_layers=1, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=64, vocab_size=2048, max_position_embeddings=64,
+                         tie_word_embeddings=True)  # 词嵌入和 gate_up 各 2 MB，其余不到 2 MB
+    torch.manual_seed(0)
+    Qwen3ForCausalLM(config).save_pretrained(tmp_path)
+    ckpt = load_file(tmp_path / "model.safetensors")
+    with engine_of(tmp_path, num_pages=8, max_seq_len=8) as e:
+        sd = e.model.state_dict()
+        large = {k for k, v in sd.items() if v.nbytes >= huge_pages.HUGE_PAGE}
+        assert large == {"model.embed_tokens.weight", "model.layers.0.mlp.gate_up_proj.weight"}
+        off = [k for k in large if sd[k].data_ptr() % huge_pages.HUGE_PAGE]
+        assert not off, (f"{off} 没放进大页：_load_weight_state_dict 里每个张量（转完 dtype）"
+                         f"再过一遍 kernel.to_huge_pages")
+        assert torch.equal(sd["model.embed_tokens.weight"], ckpt["model.embed_tokens.weight"])
+        assert torch.equal(sd["model.layers.0.mlp.gate_up_proj.weight"],
+                           torch.cat([ckpt["model.layers.0.mlp.gate_proj.weight"],
+                                      ckpt["model.layers.0.mlp.up_proj.weight"]]))
+
+
 def test_task1_two_engines_in_sequence(tiny_models):
     """shutdown 之后同一个进程里再建一个 Engine：两个都能用，结果相同（也和 HF 相同）。"""
     model = tiny_models[MODEL]

@@ -156,9 +156,22 @@ def test_silu_and_mul_matches_the_fallback(ext, fallback, shape):
     x = torch.randn(shape, generator=torch.Generator().manual_seed(shape[-1])) * 4  # 两头的饱和区也覆盖到
     before = x.clone()
     got = kernel.silu_and_mul(x)
-    assert torch.equal(got, fallback(kernel.silu_and_mul, x)), "exp 也是 ATen 算的：和 F.silu(x1) * x2 逐位相同"
+    # 逐个元素比：exp 是 decode_ops.cpp 自己算的（exp_vec），每个值都要和 ATen 的 F.silu(x1) * x2 差在几个 ulp 以内
+    torch.testing.assert_close(got, fallback(kernel.silu_and_mul, x), rtol=1e-6, atol=1e-30)
     assert got.shape == (*shape[:-1], shape[-1] // 2) and got.is_contiguous()
     assert torch.equal(x, before), "输入不许被改"
+
+
+def test_silu_and_mul_edges(ext, fallback):
+    """exp 的两头：很负的 x 得 0（差不到 1e-30），很大的 x 得 x 本身，inf、NaN 和 F.silu 一样。
+    放在向量宽度的整数倍里，走的是向量化的那段。"""
+    from minisgl import kernel
+
+    gate = torch.tensor([-1e4, -100., -88.5, -87.5, -20., -1., -0., 0., 1., 20., 87.5, 88.5, 100., 1e4,
+                         float("inf"), float("-inf"), float("nan")] * 2)[:32]
+    x = torch.cat([gate, torch.linspace(-3, 3, 32)])[None]
+    torch.testing.assert_close(kernel.silu_and_mul(x), fallback(kernel.silu_and_mul, x), rtol=1e-6, atol=1e-30,
+                               equal_nan=True)
 
 
 @pytest.mark.parametrize("bs,heads,kv_heads,d,lens", [(1, 9, 3, 64, [1]), (4, 9, 3, 64, [30, 1, 7, 256]),
@@ -247,3 +260,71 @@ def test_other_dtypes_take_the_pytorch_path(op, monkeypatch):
             "silu_and_mul": (torch.randn(2, 16, dtype=bf),)}[op]
     monkeypatch.setattr(cpu_linear, "extension", lambda: Refuse())
     getattr(kernel, op)(*args)
+
+
+# ---------------------------------------------------------------- to_huge_pages：把大权重放进 2 MB 大页
+
+
+def _advised_vma(ptr: int) -> tuple[int, int] | None:
+    """/proc/self/smaps 里装着 ptr、VmFlags 带 hg（madvise(MADV_HUGEPAGE) 过）的映射的 (起, 止)；没有就是 None。"""
+    vma = None
+    for line in open("/proc/self/smaps").read().splitlines():
+        head = line.split(" ", 1)[0]
+        if "-" in head and all(c in "0123456789abcdef-" for c in head):
+            start, end = (int(a, 16) for a in head.split("-"))
+            vma = (start, end) if start <= ptr < end else None
+        elif line.startswith("VmFlags:") and vma is not None:
+            return vma if " hg" in line else None
+    return None
+
+
+@pytest.fixture
+def thp():
+    from minisgl.kernel import huge_pages
+
+    if not huge_pages._thp_enabled():
+        pytest.skip("这台机器没有透明大页（不是 Linux，或 THP 是 [never]）：to_huge_pages 原样返回，没有可查的")
+    return huge_pages.HUGE_PAGE
+
+
+@pytest.mark.parametrize("make", [lambda: torch.randn(1024, 1024), lambda: torch.randn(2048, 1024).t(),
+                                  lambda: torch.randn(1024, 2048, dtype=torch.bfloat16),
+                                  lambda: torch.randn((2 << 20) // 4 + 1)],
+                         ids=["4MiB", "transposed-view", "bf16", "2MiB-plus-one-float"])
+def test_to_huge_pages_copies_into_an_aligned_advised_mapping(thp, make):
+    """值、形状、dtype 不变；新的一份连续、从 2 MB 边界开始；整 2 MB 的那几段都 madvise 过；输入不动。"""
+    from minisgl.kernel import to_huge_pages
+
+    t = make()
+    before = t.clone()
+    out = to_huge_pages(t)
+    assert out is not t and torch.equal(out, before) and out.dtype == t.dtype and out.is_contiguous()
+    assert torch.equal(t, before), "输入不许被改"
+    assert out.data_ptr() % thp == 0, "要从 2 MB 边界开始：大页只能映射对齐的整 2 MB"
+    vma = _advised_vma(out.data_ptr())
+    assert vma is not None, "装着权重的映射没有 madvise(MADV_HUGEPAGE)（smaps 的 VmFlags 里没有 hg）"
+    assert vma[1] - out.data_ptr() >= out.nbytes // thp * thp, "整 2 MB 的那几段都要 madvise 过"
+
+
+def test_to_huge_pages_leaves_small_and_non_cpu_tensors_alone(thp):
+    """不到 2 MB 的（一个大页都装不满）和不在 CPU 上的张量：原样返回同一个对象，不拷。"""
+    from minisgl.kernel import to_huge_pages
+
+    small = torch.randn(thp // 4 - 1)
+    assert to_huge_pages(small) is small
+    meta = torch.empty(1024, 1024, device="meta")
+    assert to_huge_pages(meta) is meta
+
+
+def test_the_huge_page_mapping_goes_away_with_the_tensor(thp):
+    """映射跟着张量走：张量释放了，映射也解除（不然每加载一次 Engine 就漏一份权重）。"""
+    import gc
+
+    from minisgl.kernel import to_huge_pages
+
+    out = to_huge_pages(torch.randn(1024, 1024))
+    ptr = out.data_ptr()
+    assert _advised_vma(ptr) is not None
+    del out
+    gc.collect()
+    assert _advised_vma(ptr) is None, "张量释放了，madvise 过的映射还在"

@@ -14,6 +14,7 @@ import torch.distributed as dist
 from minisgl.attention import create_attention_backend
 from minisgl.core import Batch, Context, Req, reset_global_ctx, set_global_ctx
 from minisgl.distributed import reset_tp_info, set_tp_info
+from minisgl.kernel import to_huge_pages
 from minisgl.kvcache import create_kvcache_pool
 from minisgl.models import create_model, load_weight
 from minisgl.utils import div_ceil, div_even, torch_dtype
@@ -121,10 +122,13 @@ class Engine:
     # --8<-- [end:init_communication]
 
     def _load_weight_state_dict(self, config: EngineConfig) -> dict[str, torch.Tensor]:
+        """load_weight 交出的每个张量先转成 self.dtype，再交给 to_huge_pages（CPU 上至少 2 MB 的放进 2 MB 大页：
+        decode 每步把权重从头读到尾，见附录）。收一个放一个：收齐了再拷，峰值内存会多出最大的那个张量（词嵌入）。
+        use_dummy_weight 时按 model.state_dict() 的形状随机生成。"""
         if config.use_dummy_weight:
             shapes = self.model.state_dict().items()
-            return {k: torch.randn(v.shape, dtype=v.dtype, device=self.device) for k, v in shapes}
-        return {k: v.to(self.dtype) for k, v in load_weight(config.model_path, self.model, self.device)}
+            return {k: to_huge_pages(torch.randn(v.shape, dtype=v.dtype, device=self.device)) for k, v in shapes}
+        return {k: to_huge_pages(v.to(self.dtype)) for k, v in load_weight(config.model_path, self.model, self.device)}
 
     def _determine_num_pages(self, config: EngineConfig) -> int:
         """给了 num_page_override 就用它；否则按可用内存估算，但不超过 max_running_req 条满长序列用得到的页数。"""

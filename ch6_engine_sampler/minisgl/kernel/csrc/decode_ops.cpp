@@ -1,7 +1,8 @@
 // decode 一步里矩阵乘之外的几个小算子，每个一次调用：RMSNorm（可带残差相加）、RoPE、写 KV、decode 注意力、SiLU 门控。
 // 它们的计算量都很小，一步 decode 的时间花在"调用次数"上：PyTorch 里一个 RMSNorm 是五六个 ATen 算子，
 // 每个都要分配输出、调度一次、把刚被权重挤出缓存的数据再读一遍。这里每个算子读一遍输入、写一遍输出。
-// 算式和 cpu_ops.py 里的 PyTorch 退路一样，只差浮点累加顺序；tests/ch6/test_kernel.py 逐个核对。
+// 算式和 cpu_ops.py 里的 PyTorch 退路一样，只差浮点累加顺序（和 SiLU 里自己算的 exp，误差不到 1 ulp）；
+// tests/ch6/test_kernel_ops.py 逐个核对。
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
@@ -28,6 +29,27 @@ inline vec load(const float* p) {
   vec v;
   std::memcpy(&v, p, sizeof(v));
   return v;
+}
+
+inline void store(float* p, vec v) { std::memcpy(p, &v, sizeof(v)); }
+
+// e^x，一次 kWidth 个（Cephes 的 expf）：x = n·ln2 + r，|r| ≤ ln2/2，e^r 用 6 项多项式，2^n 直接拼进指数位。
+// 在 [-87, 88] 里误差不到 1 ulp，和 std::exp 一样准；更小的 x 给 1.2e-38（当 0 用），更大的给 inf，NaN 还是 NaN
+inline vec exp_vec(vec x) {
+  typedef int32_t ivec __attribute__((vector_size(kWidth * sizeof(int32_t))));
+  const vec lo = vec{} - 87.33654f, hi = vec{} + 88.37626f, round = vec{} + 12582912.f;  // 1.5·2^23：加再减就是取整
+  vec c = x < lo ? lo : x;
+  c = c > hi ? hi : c;  // 夹住之后 2^n 不会溢出指数位
+  const vec n = (c * 1.44269504f + round) - round;
+  const vec r = (c - n * 0.693359375f) - n * -2.12194440e-4f;  // ln2 拆成两段，减的时候不丢精度
+  vec p = vec{} + 1.9875691500e-4f;
+  for (const float k : {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f}) {
+    p = p * r + k;
+  }
+  const ivec bits = (__builtin_convertvector(n, ivec) + 127) << 23;
+  vec scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return x > hi ? vec{} + INFINITY : (p * r * r + r + 1.f) * scale;
 }
 
 inline float dot(const float* a, const float* b, int64_t n) {
@@ -237,14 +259,29 @@ torch::Tensor decode_attention(const torch::Tensor& q_in, const torch::Tensor& k
 }
 // --8<-- [end:decode_attention]
 
-// x (N, 2I) -> (N, I)：前一半过 SiLU，乘以后一半。exp 交给 ATen 的向量化实现（自己写标量的 exp，4 行时反而慢），
-// 这里省下的是 Python 一侧的两次切片、两次分派和一个临时张量；结果和 F.silu(x1) * x2 逐位相同
-torch::Tensor silu_and_mul(const torch::Tensor& x) {
+// x (N, 2I) -> (N, I)：前一半过 SiLU，乘以后一半。一遍读完 x、写完 y；exp 用上面的 exp_vec，一次算 kWidth 个
+// （ATen 的 F.silu 也是向量化的 exp，但切片、silu、乘法是三次分派、一个临时张量）
+torch::Tensor silu_and_mul(const torch::Tensor& x_in) {
   RECORD_FUNCTION("minisgl::silu_and_mul", std::vector<c10::IValue>());
-  check_f32(x, "silu_and_mul", "x");
-  TORCH_CHECK(x.dim() >= 1 && x.size(-1) % 2 == 0, "silu_and_mul: last dim of ", x.sizes(), " is not even");
-  const int64_t half = x.size(-1) / 2;
-  return at::silu(x.narrow(-1, 0, half)).mul_(x.narrow(-1, half, half));
+  check_f32(x_in, "silu_and_mul", "x");
+  TORCH_CHECK(x_in.dim() >= 1 && x_in.size(-1) % 2 == 0, "silu_and_mul: last dim of ", x_in.sizes(), " is not even");
+  const auto x = x_in.contiguous();
+  const int64_t half = x.size(-1) / 2, rows = half ? x.numel() / (2 * half) : 0;
+  auto sizes = x.sizes().vec();
+  sizes.back() = half;
+  auto y = torch::empty(sizes, x.options());
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* gate = x.data_ptr<float>() + r * 2 * half;
+    const float* up = gate + half;
+    float* out = y.data_ptr<float>() + r * half;
+    int64_t i = 0;
+    for (; i + kWidth <= half; i += kWidth) {
+      const vec g = load(gate + i);
+      store(out + i, g / (1.f + exp_vec(-g)) * load(up + i));
+    }
+    for (; i < half; ++i) out[i] = gate[i] / (1.f + std::exp(-gate[i])) * up[i];
+  }
+  return y;
 }
 
 void register_decode_ops(pybind11::module_& m) {
