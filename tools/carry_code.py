@@ -92,7 +92,8 @@ def carry(text: str, rel: str, stubbed: set[str], old: dict, ref_prev: dict[str,
     """在桩文件 text 上：和参考上一章一样的函数换成读者的函数体，再加上读者自己加的定义。"""
     lines = text.splitlines(keepends=True)
     tree = ast.parse(text)
-    edits: list[tuple[int, int, list[str]]] = []  # (start, end, 新的行)：替换 lines[start:end]
+    # (start, end, 新的行, 先后)：替换 lines[start:end]；同一处插入几段时，先后大的先插（所以落在后面）
+    edits: list[tuple[int, int, list[str], int]] = []
     used: set[str] = set()  # 带过来的代码用到的名字：决定带哪些 import
     for qual, node in functions(tree):
         same = [f for f, d in old.get(qual, {}).items() if d == dump(node)]
@@ -106,7 +107,7 @@ def carry(text: str, rel: str, stubbed: set[str], old: dict, ref_prev: dict[str,
         top, bottom = _region(*hit)
         block = _reindent(their_lines[top:bottom], _indent(their_lines[body(their)[0].lineno - 1]),
                           _indent(lines[body(node)[0].lineno - 1]))
-        edits.append((start, end, block))
+        edits.append((start, end, block, 0))
         g.carried.append(f"{rel}:{qual}")
         if dump(their) != dump(node):
             g.rewritten.append(f"{rel}:{qual}")
@@ -115,7 +116,7 @@ def carry(text: str, rel: str, stubbed: set[str], old: dict, ref_prev: dict[str,
     parsed = learner.parsed(rel)
     if parsed is not None and rel in ref_prev:
         edits += _additions(lines, tree, parsed, ast.parse(ref_prev[rel].decode()), rel, used, g)
-    for start, end, new in sorted(edits, key=lambda e: (e[0], e[1]), reverse=True):
+    for start, end, new, _ in sorted(edits, key=lambda e: (e[0], e[1], e[3]), reverse=True):
         lines[start:end] = new
     return "".join(lines)
 
@@ -196,8 +197,9 @@ def _additions(lines, tree, parsed, ref_prev_tree, rel: str, used: set[str], g: 
         heads = [s for s in tree.body[:next((i for i, s in enumerate(tree.body) if isinstance(
             s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))), len(tree.body))]
             if isinstance(s, (ast.Import, ast.ImportFrom))]
-        at = heads[-1].end_lineno if heads else 0
-        edits.append((at, at, imports))
+        doc = tree.body[0] if tree.body and isinstance(tree.body[0], ast.Expr) else None
+        at = heads[-1].end_lineno if heads else doc.end_lineno if doc else 0
+        edits.append((at, at, imports, 0))
     if defs:
         main = next((s for s in tree.body if isinstance(s, ast.If) and "__name__" in ast.unparse(s.test)), None)
         at = main.lineno - 1 if main else len(lines)
@@ -205,7 +207,7 @@ def _additions(lines, tree, parsed, ref_prev_tree, rel: str, used: set[str], g: 
             defs = defs[2:] + ["\n", "\n"]
         elif lines and not lines[-1].endswith("\n"):
             lines[-1] += "\n"
-        edits.append((at, at, defs))
+        edits.append((at, at, defs, 1))  # 文件末尾的类里加的方法要在这些定义之前
     return edits
 
 
@@ -227,4 +229,4 @@ def _methods(lines, tree, their_lines, their_cls: ast.ClassDef, ref_prev_tree, r
             block += ["\n", *_reindent(_source(their_lines, n), src, dst)]
             used |= _free_names(n)
             g.added.append(f"{rel}:{ours.name}.{n.name}")
-    return [(ours.end_lineno, ours.end_lineno, block)] if block else []
+    return [(ours.end_lineno, ours.end_lineno, block, 0)] if block else []

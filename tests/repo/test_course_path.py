@@ -258,3 +258,33 @@ def test_bad_input_is_one_line(name, tmp_path):
     assert "Traceback" not in res.stdout + res.stderr, res.stderr[-3000:]
     assert len(out) == 1 and out[0].startswith("错误：") and culprit in out[0], out[-3:]
     assert not list(tmp_path.iterdir()), "用错了还写了记录"
+
+
+def _course_commands() -> list[tuple[str, str]]:
+    """书和 README 的代码块里每一条 python course.py …：(文件, 命令行)。"""
+    out = []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        fenced = False
+        for line in page.read_text(encoding="utf-8").splitlines():
+            if line.lstrip().startswith("```"):
+                fenced = not fenced
+            elif fenced and "python course.py" in line:
+                cmd = line.split("python course.py", 1)[1].split("#")[0].split("&&")[0].strip()
+                out.append((page.name, cmd))
+    return out
+
+
+def test_every_course_command_in_the_book_parses():
+    """书里写的 course.py 命令：子命令存在；start 的参数 course.py 自己认得，章也在清单里。"""
+    from tools.course_start import _start_args
+    from tools.manifest import find_checkpoint
+
+    cmds = _course_commands()
+    assert any(cmd.startswith("start ch2 --from my_ch1") for _, cmd in cmds), "书里没有 start --from 这条路径"
+    for page, cmd in cmds:
+        argv = cmd.split()
+        assert argv and argv[0] in ("demo", "test", "start", "check", "trace", "progress"), (page, cmd)
+        if argv[0] == "start":
+            parsed = _start_args(argv[1:])
+            assert not isinstance(parsed, str), (page, cmd, parsed)
+            find_checkpoint(parsed[0])
