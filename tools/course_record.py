@@ -12,7 +12,7 @@ import os
 import time
 from pathlib import Path
 
-from tools.manifest import ROOT, Task, checkpoint_files, load_tasks
+from tools.manifest import ROOT, Task, checkpoint_files, load_manifest, load_tasks
 from tools.task_table import chapter_of_test, task_of_test
 
 RECORDS = ROOT / ".cache" / "course"
@@ -137,7 +137,15 @@ def progress_report(dirs: list[Path], shown=lambda p: str(p)) -> str:
             summary = task_summary(check["results"], check["chapter"])
             done = sum(1 for _, ok, bad, skip, _ in summary if bad == 0 and ok + skip > 0)
             tasks = f"{'✓' if done == len(summary) else '✗'} {done}/{len(summary)}"
-            each = "  ".join(f"{t.number}:{ok}/{ok + bad}" for t, ok, bad, skip, _ in summary)
+            if check["selection"].startswith("task"):  # --task K 只跑了一个任务：别的任务没有结果，不算没通过
+                summary = [row for row in summary if f"task {row[0].number}" == check["selection"]]
+                tasks = "—"
+            each = "  ".join(f"{t.number}:{ok}/{ok + bad}" + (f"（{skip} 跳过）" if skip else "")
+                             for t, ok, bad, skip, _ in summary)
+            regress = sum(1 for n, r in check["results"].items() if r["outcome"] in ("failed", "error")
+                          and chapter_of_test(n, check["chapter"]) != check["chapter"])
+            if regress:
+                notes.append(f"前面各章的测试（回归）有 {regress} 个没过")
             if check["selection"].startswith("task"):
                 notes.append(f"上次只跑了任务 {check['selection'].split()[-1]}")
             if check["stale"]:
@@ -145,7 +153,8 @@ def progress_report(dirs: list[Path], shown=lambda p: str(p)) -> str:
         if start is None:
             origin = "没有 start 的记录"
         elif start.get("from") is None:
-            origin = "本书的上一章" if ch else "本书"
+            names = {c.chapter: c.name for c in load_manifest()}
+            origin = f"本书的 {names[ch - 1]}" if ch and ch - 1 in names else "本书"
         else:
             src = Path(start["from"])
             prev = chapters.get(str(src), _chapter(src, read_check(src), read_start(src)))

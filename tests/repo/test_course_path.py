@@ -215,7 +215,7 @@ def test_progress_reads_the_records(path):
     for n in range(1, 6):
         k = len(load_tasks()[n])
         assert f"✓ {k}/{k}" in rows[f"my_ch{n}"], res.stdout
-        assert ("--from my_ch" + str(n - 1) if n > 1 else "本书的上一章") in rows[f"my_ch{n}"], res.stdout
+        assert ("--from my_ch" + str(n - 1) if n > 1 else f"本书的 {CK[0].name}") in rows[f"my_ch{n}"], res.stdout
     assert "还没有 check 的记录" in rows["my_ch6"] and "--from my_ch5" in rows["my_ch6"], res.stdout
     assert {p: p.read_bytes() for p in records.rglob("*.json")} == before, "progress 改了记录"
 
@@ -288,3 +288,23 @@ def test_every_course_command_in_the_book_parses():
             parsed = _start_args(argv[1:])
             assert not isinstance(parsed, str), (page, cmd, parsed)
             find_checkpoint(parsed[0])
+
+
+def test_progress_says_what_a_record_does_not_cover(tmp_path, monkeypatch):
+    """只跑了一个任务、回归有失败、--force 从不是上一章的目录长出来：progress 都写在备注和起点里。"""
+    from tools.course_record import progress_report, write_check, write_start
+
+    monkeypatch.setenv("MINISGL_COURSE_RECORDS", str(tmp_path / "records"))
+    src, dest = tmp_path / "my_ch2", tmp_path / "my_ch4"
+    for d in (src, dest):
+        d.mkdir()
+        (d / "x.py").write_text("x = 1\n")
+    write_start(src, 2, {"from": None, "forced": False})
+    write_start(dest, 4, {"from": str(src), "forced": True})
+    write_check(dest, 4, {"tests/ch4/test_kv_pool.py::test_task2_x": {"outcome": "passed", "reason": ""},
+                          "tests/ch1/test_core.py::test_task1_y": {"outcome": "failed", "reason": "boom"}}, "task 2")
+    row = progress_report([dest]).splitlines()[1]
+    assert "2:1/1" in row and "1:0/0" not in row and "上次只跑了任务 2" in row, row
+    assert "回归）有 1 个没过" in row and "--force" in row and "它是第 2 章，不是上一章" in row, row
+    (dest / "x.py").write_text("x = 2\n")
+    assert "记录比代码旧" in progress_report([dest]), progress_report([dest])
