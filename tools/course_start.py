@@ -159,6 +159,10 @@ def start(extra: list[str]) -> int:
         made = workspace.make_workspace(ck, dest)
         print(f"{dest}：{prev.name if prev else '空目录'} + 第 {ck.chapter} 章的 {len(made)} 个桩"
               f"（raise NotImplementedError 的地方就是要你写的）。")
+        yours = dest.parent / f"my_{prev.name.split('_')[0]}" if prev else None
+        if yours is not None and yours.is_dir():
+            again = f"python {shown(COURSE)} start {tag}{' ' + shown(dest) if where else ''} --from {shown(yours)}"
+            print(f"  （起点是本书的 {prev.name}。想从你自己的 {yours.name} 长出来：删掉 {dest.name}，再 {again}）")
     else:
         g = workspace.grow_workspace(ck, dest, mine)
         print(f"{dest}：从你的 {mine.name} 长出来 + 第 {ck.chapter} 章的 {len(g.stubs)} 个桩"

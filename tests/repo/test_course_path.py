@@ -242,7 +242,8 @@ BAD = {
     "force_without_from": (["start", "ch4", "--force"], "--force 只和 --from"),
     "start_unknown_option": (["start", "ch4", "--frm", "x"], "--frm"),
     "demo_missing_folder": (["demo", "no_such_dir"], "no_such_dir 不存在"),
-    "demo_not_an_engine": (["demo", "docs"], "minisgl"),
+    "demo_not_an_engine": (["demo", "--page-size", "4", "docs"], "minisgl"),
+    "demo_two_folders": (["demo", "docs", "tools"], "一个目录"),
     "progress_missing_folder": (["progress", "no_such_dir"], "no_such_dir 不是目录"),
 }
 
