@@ -56,18 +56,19 @@ def main() -> None:
     ap.add_argument("--out", default=None,
                     help=f"把表写成 markdown（不带参数的默认运行写到 {SNIPPET.relative_to(ROOT)}）")
     args = ap.parse_args()
-    if not 1 <= min(args.rows) <= max(args.rows) <= kernel.MAX_ROWS:
-        raise SystemExit(f"错误：--rows 要在 1~{kernel.MAX_ROWS} 之间（更多行 minisgl.kernel 交给 F.linear）")
-    if kernel.extension() is None:
+    ext = kernel.extension()
+    if ext is None:
         raise SystemExit("错误：minisgl.kernel 的 C++ 核用不了（原因见上一行）：只剩 F.linear，没什么可比")
+    if not 1 <= min(args.rows) <= max(args.rows) <= ext.max_rows:
+        raise SystemExit(f"错误：--rows 要在 1~{ext.max_rows} 之间（更多行 minisgl.kernel 交给 F.linear）")
     default_run = sys.argv[1:] == []
     out = args.out if args.out is not None else (str(SNIPPET) if default_run else "")
     torch.manual_seed(0)
     weights = [torch.randn(o, i) * 0.02 for _ in range(args.layers) for o, i in SHAPES]
     nbytes = sum(w.numel() * w.element_size() for w in weights)
     huge = [kernel.to_huge_pages(w) for w in weights]  # 同样的值，放进 2 MB 大页（系统没有 THP 时就是同一份）
-    kinds = {COLUMNS[1]: (F.linear, weights), COLUMNS[2]: (kernel.linear, weights),
-             COLUMNS[3]: (kernel.linear, huge), COLUMNS[4]: (lambda x, w: w.sum(), huge)}
+    kinds = {COLUMNS[1]: (F.linear, weights), COLUMNS[2]: (ext.linear, weights),
+             COLUMNS[3]: (ext.linear, huge), COLUMNS[4]: (lambda x, w: w.sum(), huge)}
     command = COMMAND if default_run else " ".join(["python", "-m", "tools.bench_kernels"] + sys.argv[1:])
     lines = [f"<!-- 由 tools/bench_kernels.py 生成，不要手改；重新生成：{COMMAND} -->", "",
              f"命令：`{command}`<br>",
