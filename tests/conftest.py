@@ -19,7 +19,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
-from tests.harness.course import Checkpoint, find_checkpoint  # noqa: E402
+from tools.manifest import Checkpoint, find_checkpoint  # noqa: E402
 
 _SELECTED: Checkpoint | None = None
 

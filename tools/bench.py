@@ -40,10 +40,10 @@ import torch
 from typing_extensions import Self
 
 from tools.manifest import ROOT, use_checkpoint
+from tools.models import SMOLLM2, find_model
 
 SNIPPET = ROOT / "docs" / "snippets" / "bench_cpu.md"
 COMMAND = ".venv/bin/python -m tools.bench --random-qwen3-0.6b"  # 文档里写的那一条命令
-SMOLLM2 = ROOT / "models" / "SmolLM2-135M"
 SNIPPET_SMOLLM2 = ROOT / "docs" / "snippets" / "bench_smollm2.md"
 COMMAND_SMOLLM2 = ".venv/bin/python -m tools.bench --smollm2"
 SNIPPETS = {SNIPPET: COMMAND, SNIPPET_SMOLLM2: COMMAND_SMOLLM2}  # 生成的片段 -> 生成它的命令（测试核对）
@@ -241,14 +241,10 @@ def pick_path(args: argparse.Namespace) -> str:
         return str(SMOLLM2)
     if args.model:
         return args.model
-    real = ROOT / "models" / "Qwen3-0.6B"
-    if list(real.glob("*.safetensors")):
-        return str(real)
-    from tools.make_tiny_models import make_all
-
-    path = str(make_all(names=["qwen3-tied"])["qwen3-tied"])
-    print(f"没有 {real}：用离线小模型 {path}。它太小，数字主要是 Python 开销，不反映访存")
-    return path
+    choice = find_model(tiny=True)
+    if choice.why_tiny:
+        print(f"{choice.why_tiny}：用离线小模型 {choice.path}。它太小，数字主要是 Python 开销，不反映访存")
+    return str(choice.path)
 
 
 def cpu_name() -> str:

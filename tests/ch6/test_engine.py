@@ -18,7 +18,7 @@ from minisgl.core import Batch, Req, SamplingParams, get_global_ctx
 from minisgl.distributed import DistributedInfo, try_get_tp_info
 from minisgl.engine import Engine, EngineConfig, ForwardOutput
 from minisgl.utils import div_ceil
-from tests.harness.course import PROMPTS
+from tools.manifest import PROMPTS
 from tests.harness.reference import encode, hf_greedy
 
 N = 16  # 每个请求生成的 token 数

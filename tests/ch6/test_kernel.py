@@ -19,7 +19,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.harness.course import ROOT
+from tools.manifest import ROOT
 
 # 误差上界（相对 Σ|x·w|，这是点积舍入误差的自然尺度）：分块求和的最坏情况约 (in/宽度 + 宽度)·eps，
 # in ≤ 3072、宽度 4~16 时不到 1e-5；MKL 自己对 float64 的误差也在这个量级
@@ -260,7 +260,7 @@ def test_engine_matches_hf_on_both_paths(tiny_models, monkeypatch, fresh_rope, p
     from minisgl.kernel import utils
 
     from tests.ch6.test_engine import engine_of, generate
-    from tests.harness.course import PROMPTS
+    from tools.manifest import PROMPTS
     from tests.harness.reference import encode, hf_greedy
 
     calls = []

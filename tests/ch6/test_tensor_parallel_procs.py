@@ -29,7 +29,7 @@ from safetensors.torch import load_file
 
 from minisgl.distributed import DistributedInfo, try_get_tp_info
 from minisgl.engine import Engine, EngineConfig
-from tests.harness.course import PROMPTS, TINY_NEW_TOKENS
+from tools.manifest import PROMPTS, TINY_NEW_TOKENS
 from tests.harness.parity import generate
 from tests.harness.reference import hf_greedy, load_hf
 from tests.harness.report import mismatch_report

@@ -1,6 +1,6 @@
 """每个检查点的脊梁：fp32、贪心，所有提示词放在一次调用里，每个都和 HF 单独跑的结果逐 token 相同。"""
 
-from tests.harness.course import PROMPTS, TINY_NEW_TOKENS
+from tools.manifest import PROMPTS, TINY_NEW_TOKENS
 from tests.harness.parity import generate, parity_failures
 from tests.harness.reference import encode
 

@@ -94,7 +94,7 @@ def _select(config, items):
     select, task = os.environ.get("MINISGL_SELECT"), os.environ.get("MINISGL_TASK")
     if not select and not task:
         return
-    from tests.harness.tasks import chapter_of_test, load_tasks, task_of_test
+    from tools.task_table import chapter_of_test, load_tasks, task_of_test
 
     chapter, all_tasks = int(os.environ.get("MINISGL_CHAPTER", "0")), load_tasks()
 

@@ -11,17 +11,18 @@ from pathlib import Path
 import pytest
 
 from tests.harness.parity import generate
-from tests.harness.real import REAL_NEW_TOKENS, REAL_PROMPTS, find_real_model, has_weights, missing_message, \
-    unsupported_reason
+from tests.harness.real import REAL_NEW_TOKENS, REAL_PROMPTS
+from tools.models import find_model, has_weights, missing_message, unsupported_reason
 
 
 @pytest.fixture(scope="session")
 def real_model(checkpoint) -> Path:
-    path = find_real_model()
+    choice = find_model()
+    path = choice.path if choice else None
     if path is None or not has_weights(path):
         pytest.fail(missing_message(path), pytrace=False)
     if (why := unsupported_reason(checkpoint, path)) is not None:
-        pytest.skip(why)
+        pytest.skip(f"真权重一档在这个检查点上不适用，没有跑：{why}")
     return path
 
 

@@ -7,7 +7,8 @@ import pytest
 from safetensors import safe_open
 
 from tests.harness.parity import parity_failures
-from tests.harness.real import REAL_NEW_TOKENS, REAL_PROMPTS, SMOLLM2
+from tests.harness.real import REAL_NEW_TOKENS, REAL_PROMPTS
+from tools.models import SMOLLM2
 from tests.harness.reference import hf_greedy, load_hf
 
 

@@ -7,7 +7,7 @@ import textwrap
 import pytest
 
 from tests.harness import contracts as c
-from tests.harness.course import load_manifest
+from tools.manifest import load_manifest
 
 CHAPTERS = sorted({ck.chapter for ck in load_manifest()})
 PENDING: dict[int, str] = {}  # 暂时写不上页面的章：{章: 原因}（strict 的 xfail，补齐后会提醒删掉）

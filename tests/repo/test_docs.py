@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.course import load_manifest
-from tests.harness.tasks import load_tasks
+from tools.manifest import load_manifest
+from tools.manifest import load_tasks
 from tools import stubs
 from tools.run_tests import build_parser
 

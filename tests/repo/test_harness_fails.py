@@ -2,7 +2,7 @@
 
 import shutil
 
-from tests.harness.course import PROMPTS, TINY_NEW_TOKENS, load_manifest
+from tools.manifest import PROMPTS, TINY_NEW_TOKENS, load_manifest
 from tests.harness.parity import parity_failures
 
 

@@ -1,6 +1,6 @@
 """检查点的血统：每一章只改它该改的文件，其余文件和上一个检查点逐字节相同。"""
 
-from tests.harness.course import Checkpoint, checkpoint_files, load_manifest
+from tools.manifest import Checkpoint, checkpoint_files, load_manifest
 from tools.carry_forward import carry_forward
 
 

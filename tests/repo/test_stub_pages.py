@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.course import load_manifest
-from tests.harness.tasks import load_tasks
-from tools import stubs
+from tools.manifest import load_manifest
+from tools.manifest import load_tasks
+from tools import stubs, workspace
 from tools.manifest import given_patterns, is_given
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,7 +78,7 @@ def test_given_files_hold_no_stub_and_are_on_the_page(ck, tmp_path):
     if not given:
         return
     ws = tmp_path / "ws"
-    stubs.make_workspace(ck, ws)
+    workspace.make_workspace(ck, ws)
     for rel in given:
         if (ck.path / rel).exists():
             assert (ws / rel).read_bytes() == (ck.path / rel).read_bytes(), f"给定的 {rel} 没有整份复制"
@@ -114,7 +114,7 @@ STUBBED_TASKS = sorted({s.task.number for s in stubs.find_stubs(CH6) if s.task})
 def test_chapter6_each_task_alone_fails_with_its_name(task, tmp_path):
     """参考目录里只有这一个任务是桩：它的第一个测试失败，原因是写着这个任务号的 NotImplementedError。"""
     ws = tmp_path / "my_ch6"
-    made = stubs.make_workspace(CH6, ws)
+    made = workspace.make_workspace(CH6, ws)
     for rel in {s.file for s in made}:  # 别的任务放回参考代码，只留这个任务的桩
         mine = [s for s in made if s.file == rel and s.task.number == task]
         src = (CH6.path / rel).read_text(encoding="utf-8")

@@ -107,7 +107,7 @@ def _value(name, path, field):
 
 
 def test_every_config_field_the_decoder_reads_has_a_row():
-    from tests.harness.course import load_manifest
+    from tools.manifest import load_manifest
     from tools.make_tiny_models import FIELD_COVERAGE, NOT_VARIED
 
     rows = set(FIELD_COVERAGE) | set(NOT_VARIED)
@@ -119,7 +119,7 @@ def test_every_config_field_the_decoder_reads_has_a_row():
 
 
 def test_each_row_names_models_that_really_differ_and_a_test_that_exists(tiny_models):
-    from tests.harness.course import ROOT
+    from tools.manifest import ROOT
     from tools.make_tiny_models import FIELD_COVERAGE, LLAMA31_SCALING, NOT_VARIED
 
     for field, (models, test) in FIELD_COVERAGE.items():
@@ -136,7 +136,7 @@ def test_each_row_names_models_that_really_differ_and_a_test_that_exists(tiny_mo
 
 
 def test_the_field_table_is_on_the_testing_page():
-    from tests.harness.course import ROOT
+    from tools.manifest import ROOT
     from tools.make_tiny_models import FIELD_COVERAGE
 
     rows = [line for line in (ROOT / "docs" / "testing.md").read_text(encoding="utf-8").splitlines()

@@ -20,9 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.course import load_manifest
-from tests.harness.tasks import chapter_of_test, load_tasks, match
-from tools import stubs
+from tools.manifest import load_manifest
+from tools.manifest import load_tasks, match
+from tools.task_table import chapter_of_test
+from tools import stubs, workspace
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -58,7 +59,7 @@ def test_stub_workspace(ck, tmp_path):
     mine = tasks.get(ck.chapter, [])
     assert mine, f"tests/tasks.toml 里没有第 {ck.chapter} 章的任务"
     ws = tmp_path / f"my_{tag}"
-    made = stubs.make_workspace(ck, ws)
+    made = workspace.make_workspace(ck, ws)
 
     # 每个桩归一个任务，桩里的消息写着它
     for s in made:
@@ -103,12 +104,12 @@ def test_start_refuses_an_existing_directory(tmp_path):
     ws.mkdir()
     (ws / "keep.txt").write_text("读者的东西")
     with pytest.raises(FileExistsError, match="已经存在"):
-        stubs.make_workspace(CHECKPOINTS[4], ws)
+        workspace.make_workspace(CHECKPOINTS[4], ws)
     assert (ws / "keep.txt").read_text() == "读者的东西"
 
 
 def test_progress_table_counts_and_names_the_first_failure():
-    from tests.harness.tasks import progress_table
+    from tools.task_table import progress_table
 
     results = {
         "tests/ch4/test_kv_pool.py::test_task1_shapes_dtype_device": {"outcome": "failed", "reason": "boom"},
@@ -133,7 +134,7 @@ def test_details_are_capped_keeping_head_and_tail():
 
 
 def test_progress_table_prefers_the_failure_naming_its_own_task():
-    from tests.harness.tasks import progress_table
+    from tools.task_table import progress_table
 
     results = {
         "tests/ch4/test_kv_pool.py::test_task1_a": {"outcome": "failed",
@@ -212,7 +213,7 @@ def test_check_runs_own_tasks_regressions_and_one_task_apart():
 
 
 def test_progress_table_for_one_task_lists_only_that_task():
-    from tests.harness.tasks import progress_table
+    from tools.task_table import progress_table
 
     results = {"tests/ch4/test_kv_pool.py::test_task2_x": {"outcome": "passed", "reason": ""}}
     table, ok = progress_table(results, 4, only_task=2)

@@ -3,7 +3,7 @@
 把第 0 步的骨架复制到临时目录，故意跳过 post_attention_layernorm，再用对齐测试同一套代码
 （tests/harness/parity.py）和 HF 比，打印第一份报告。报告的格式一改，书上的样子跟着变。
 
-    python -m tools.parity_report_demo
+    python -m tests.harness.report_demo
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tests.harness.parity import parity_failures  # 这个工具就是要展示测试框架自己的报告
+from tests.harness.parity import parity_failures
 from tools.make_tiny_models import make_all
 from tools.manifest import PROMPTS, ROOT, TINY_NEW_TOKENS
 

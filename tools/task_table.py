@@ -1,12 +1,12 @@
-"""按任务归类测试结果：tests/tasks.toml 的读法（Task、match）在 tools/manifest.py，这里是测试这一侧的
-归类和 run_tests 打印的进度表。两个任务打平就是清单写得有歧义（tests/repo/test_workbench.py 会报出来）。
+"""按任务归类测试结果：tests/tasks.toml 的读法（Task、match）在 tools/manifest.py，这里是测试结果的归类和
+run_tests 打印的进度表。两个任务打平就是清单写得有歧义（tests/repo/test_workbench.py 会报出来）。
 """
 
 from __future__ import annotations
 
 import re
 
-from tools.manifest import Task, keep_symbols, load_tasks, match  # noqa: F401
+from tools.manifest import Task, load_tasks, match
 
 
 def chapter_of_test(nodeid: str, chapter: int) -> int:
