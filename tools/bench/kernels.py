@@ -1,8 +1,8 @@
 """线性层的核的小基准：decode 的几行输入下，fp32 的矩阵乘读权重有多快（附录"CPU 上的矩阵乘"引用它写的表）。
 
-    .venv/bin/python -m tools.bench_kernels             # 8 层 Qwen3-0.6B 的线性层（480 MiB，远大于 L3），1/2/4/8 行；
+    .venv/bin/python -m tools.bench.kernels             # 8 层 Qwen3-0.6B 的线性层（480 MiB，远大于 L3），1/2/4/8 行；
                                                         # 表写进 docs/snippets/bench_kernels.md
-    .venv/bin/python -m tools.bench_kernels --layers 28 --rows 1 4
+    .venv/bin/python -m tools.bench.kernels --layers 28 --rows 1 4
 
 并排四列：F.linear（MKL 的 sgemm）、第 6 章 minisgl.kernel 的 C++ 小批量矩阵乘、同一个核读放进 2 MB 大页的
 同一份权重（kernel.to_huge_pages，Engine 加载时就这么放）、用 sum() 把大页上的那份读一遍
@@ -21,14 +21,15 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from tools.bench import huge_page_line, kernel_summary, machine_line
+from tools.bench.machine import kernel_summary, machine_line
+from tools.bench.memory import huge_page_line
 from tools.manifest import ROOT, use_checkpoint
 
 use_checkpoint("ch6_engine_sampler")  # 量的是第 6 章 minisgl.kernel 的做法
 from minisgl import kernel  # noqa: E402
 
 SNIPPET = ROOT / "docs" / "snippets" / "bench_kernels.md"  # 附录引用的表
-COMMAND = ".venv/bin/python -m tools.bench_kernels"
+COMMAND = ".venv/bin/python -m tools.bench.kernels"
 SHAPES = [(4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072)]  # Qwen3-0.6B 一层：qkv、o、gate_up、down
 COLUMNS = ["行数", "F.linear（MKL sgemm）", "minisgl.kernel（C++）", "minisgl.kernel，权重在 2 MB 大页上",
            "sum() 读大页上的那份"]
@@ -69,8 +70,8 @@ def main() -> None:
     huge = [kernel.to_huge_pages(w) for w in weights]  # 同样的值，放进 2 MB 大页（系统没有 THP 时就是同一份）
     kinds = {COLUMNS[1]: (F.linear, weights), COLUMNS[2]: (ext.linear, weights),
              COLUMNS[3]: (ext.linear, huge), COLUMNS[4]: (lambda x, w: w.sum(), huge)}
-    command = COMMAND if default_run else " ".join(["python", "-m", "tools.bench_kernels"] + sys.argv[1:])
-    lines = [f"<!-- 由 tools/bench_kernels.py 生成，不要手改；重新生成：{COMMAND} -->", "",
+    command = COMMAND if default_run else " ".join(["python", "-m", "tools.bench.kernels"] + sys.argv[1:])
+    lines = [f"<!-- 由 tools/bench/kernels.py 生成，不要手改；重新生成：{COMMAND} -->", "",
              f"命令：`{command}`<br>",
              f"日期：{datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}；{machine_line()}<br>",
              f"minisgl.kernel：{kernel_summary()}<br>",
