@@ -82,7 +82,7 @@ def use_checkpoint(spec: str) -> Checkpoint:
     """让 import minisgl 得到这个检查点的包（放到 sys.path 最前面）。
 
     每个检查点都是一份完整的 minisgl 快照、包名相同，一个进程只能用其中一个：已经 import 了别的检查点就报错，
-    免得测的是另一章的代码。bench、bench_kernels、figures_more 都经过这里，不各自改 sys.path。
+    免得测的是另一章的代码。bench（含 bench.kernels）、figures_more 都经过这里，不各自改 sys.path。
     """
     ck = find_checkpoint(spec)
     loaded = sys.modules.get("minisgl")

@@ -1,7 +1,7 @@
 """请求、批次和全局上下文：引擎里每个模块都从这里读"当前在算什么"。
 
 字段名和含义与官方 mini-sglang 的 core.py 一致。后面几章才用到的字段（out_loc、page_table、
-attn_backend、attn_metadata …）在这里先声明，这样本文件从第 1 章到第 6 章保持不变。
+attn_backend、attn_metadata …）在这里先声明；KV 池和注意力后端的类型，等第 4、5 章有了它们再写上。
 """
 
 from __future__ import annotations

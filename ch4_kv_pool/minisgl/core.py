@@ -1,7 +1,7 @@
 """请求、批次和全局上下文：引擎里每个模块都从这里读"当前在算什么"。
 
 字段名和含义与官方 mini-sglang 的 core.py 一致。后面几章才用到的字段（out_loc、page_table、
-attn_backend、attn_metadata …）在这里先声明，这样本文件从第 1 章到第 6 章保持不变。
+attn_backend、attn_metadata …）在这里先声明；KV 池和注意力后端的类型，等第 4、5 章有了它们再写上。
 """
 
 from __future__ import annotations
@@ -9,9 +9,12 @@ from __future__ import annotations
 import math
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator, List, Literal
+from typing import TYPE_CHECKING, Any, Iterator, List, Literal
 
 import torch
+
+if TYPE_CHECKING:  # 只给类型检查器看：运行时不导入，import core 照样很轻
+    from minisgl.kvcache import BaseKVCachePool
 
 
 @dataclass
@@ -125,7 +128,7 @@ class Context:
     page_size: int
     page_table: torch.Tensor = field(init=False)  # (请求行数, 最大长度) int32，存的是原始 token 槽位（第 4 章起）
     attn_backend: Any = field(init=False)  # 第 5 章起
-    kv_cache: Any = field(init=False)  # 第 1~3 章是朴素的 KV 列表，第 4 章起是预分配的 KV 池
+    kv_cache: BaseKVCachePool = field(init=False)  # 第 4 章起是预分配的 KV 池（第 1~3 章是朴素的 KV 列表）
     _batch: Batch | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:

@@ -4,18 +4,8 @@ import importlib.util
 import shutil
 
 import pytest
-import torch
 
-from minisgl.core import Batch
-
-
-def ready_batch(reqs, phase="prefill"):
-    """字段都填好的 batch，和 generate.py 的 step 建的一样。"""
-    b = Batch(reqs=reqs, phase=phase)
-    b.padded_reqs = reqs
-    b.input_ids = torch.cat([r.input_ids[r.cached_len:r.device_len] for r in reqs])
-    b.positions = torch.cat([torch.arange(r.cached_len, r.device_len, dtype=torch.int32) for r in reqs])
-    return b
+from tests.harness.batch import make_batch as ready_batch  # noqa: F401  字段都填好的 batch，和 generate.py 的 step 建的一样
 
 
 def only_generate_of_ch1_ch2(checkpoint):

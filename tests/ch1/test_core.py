@@ -6,11 +6,7 @@ import torch
 from minisgl import core
 from minisgl.core import Batch, Context, Req, SamplingParams
 from tests.ch1.common import ready_batch
-
-
-def make_req(prompt_len=5, n=3, cached_len=0, table_idx=0):
-    return Req(input_ids=torch.arange(prompt_len, dtype=torch.int32), table_idx=table_idx, cached_len=cached_len,
-               output_len=n, uid=table_idx, sampling_params=SamplingParams(max_tokens=n), cache_handle=None)
+from tests.harness.batch import make_req
 
 
 
@@ -19,7 +15,7 @@ def lengths(r):
 
 
 def test_task1_lengths_through_prefill_and_decode():
-    r = make_req(prompt_len=5, n=3)
+    r = make_req(prompt_len=5, output_len=3)
     assert lengths(r) == (0, 5, 8, 5, 3, True)  # prefill 之前：整段提示词都要算
     r.complete_one()  # prefill 之后（引擎做）
     assert lengths(r) == (5, 6, 8, 1, 2, True)
@@ -34,7 +30,7 @@ def test_task1_lengths_through_prefill_and_decode():
 
 
 def test_task1_prefix_already_cached():
-    r = make_req(prompt_len=6, n=2, cached_len=4)
+    r = make_req(prompt_len=6, output_len=2, cached_len=4)
     assert (r.extend_len, r.device_len) == (2, 6)
 
 

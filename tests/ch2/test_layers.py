@@ -13,7 +13,8 @@ from minisgl.distributed import DistributedCommunicator, DistributedImpl, reset_
 from minisgl.layers import (BaseOP, LinearColParallelMerged, LinearOProj, LinearQKVMerged, LinearReplicated,
                             LinearRowParallel, OPList, ParallelLMHead, RMSNorm, RMSNormFused, RotaryConfig,
                             RotaryEmbedding, StateLessOP, VocabParallelEmbedding, get_rope, silu_and_mul)
-from tests.ch2.common import TIGHT, make_batch, make_req
+from tests.ch2.common import TIGHT
+from tests.harness.batch import make_batch, make_req
 
 
 @contextmanager

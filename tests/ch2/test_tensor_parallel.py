@@ -17,7 +17,8 @@ from minisgl.distributed import (DistributedCommunicator, DistributedImpl, Distr
 from minisgl.layers import (AttentionLayer, LinearColParallelMerged, LinearOProj, LinearQKVMerged,
                             LinearRowParallel, ParallelLMHead, RotaryConfig, VocabParallelEmbedding)
 from minisgl.utils import div_ceil, div_even
-from tests.ch2.common import TIGHT, make_batch, make_req
+from tests.ch2.common import TIGHT
+from tests.harness.batch import make_batch, make_req
 
 
 class FakeComm(DistributedImpl):

@@ -22,11 +22,12 @@ from transformers import AutoConfig
 
 from minisgl.attention import (SUPPORTED_ATTENTION_BACKENDS, BaseAttnBackend, HybridBackend, TorchBackend,
                                create_attention_backend)
-from minisgl.core import Batch, Context, Req, reset_global_ctx, set_global_ctx
+from minisgl.core import Context, Req, reset_global_ctx, set_global_ctx
 from minisgl.distributed import reset_tp_info, set_tp_info
 from minisgl.kvcache import create_kvcache_pool
 from minisgl.models import ModelConfig, RotaryConfig, create_model, load_weight
 from minisgl.utils import torch_dtype
+from tests.harness.batch import make_batch, make_req
 
 POISON_PAGE = 0  # 0 号页从不分配：page table 里没用到的位置都指向它，池里没写过的槽位都是 NaN
 ATOL = RTOL = 1e-5  # 单层注意力，fp32 对 fp64 参照
@@ -85,25 +86,6 @@ def allocate(ctx: Context, row: int, start: int, end: int, free_pages: List[int]
     for page_idx in range(math.ceil(start / ps), math.ceil(end / ps)):
         page = free_pages.pop()
         ctx.page_table[row, page_idx * ps:(page_idx + 1) * ps] = torch.arange(page * ps, (page + 1) * ps)
-
-
-def make_req(total: int, cached: int, row: int, uid: int, ids: torch.Tensor | None = None) -> Req:
-    ids = torch.zeros(total, dtype=torch.int32) if ids is None else ids
-    assert len(ids) == total
-    return Req(input_ids=ids, table_idx=row, cached_len=cached, output_len=1, uid=uid, sampling_params=None,
-               cache_handle=None)
-
-
-def make_batch(ctx: Context, reqs: List[Req], phase: str, padded: List[Req] | None = None) -> Batch:
-    """像调用方（阶段二的调度器）那样填好 positions、out_loc 和 padded_reqs。"""
-    batch = Batch(reqs=reqs, phase=phase)
-    batch.padded_reqs = reqs if padded is None else padded
-    device = ctx.page_table.device
-    batch.positions = torch.cat([torch.arange(r.cached_len, r.device_len) for r in batch.padded_reqs]).int()
-    rows = torch.cat([torch.full((r.extend_len,), r.table_idx) for r in batch.padded_reqs])
-    batch.out_loc = ctx.page_table[rows.to(device), batch.positions.long().to(device)]
-    batch.positions = batch.positions.to(device)
-    return batch
 
 
 def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cached_len: int) -> torch.Tensor:
@@ -194,7 +176,7 @@ def run_case(case: AttnCase, device: str = "cpu", backend_name: str = "torch") -
         v_new = torch.cat([v[r.cached_len:] for v, r in zip(v_fulls, reqs)]).reshape(num_tokens, hkv * d)
 
         backend = create_attention_backend(backend_name, config)
-        batch = make_batch(ctx, reqs, case.phase)
+        batch = make_batch(reqs, case.phase, page_table=ctx.page_table)
         backend.prepare_metadata(batch)
         out = backend.forward(q.to(device), k_new.to(device), v_new.to(device), case.layer, batch)
 
@@ -353,7 +335,7 @@ def test_task2_prepare_metadata_reads_nothing_back(monkeypatch, phase, seqs):
         for i, (total, cached) in enumerate(seqs):
             allocate(ctx, i, 0, total, free)
             reqs.append(make_req(total, cached, i, uid=i))
-        batch = make_batch(ctx, reqs, phase)
+        batch = make_batch(reqs, phase, page_table=ctx.page_table)
         backend = create_attention_backend("torch", config)
         _prepare_refusing_reads(monkeypatch, backend, batch)
     bounds = [0, *itertools.accumulate(r.extend_len for r in reqs)]
@@ -408,11 +390,11 @@ def test_task3_padding_requests_do_not_change_real_ones(phase, seqs, num_dummies
         v_pad = torch.cat([v_new, torch.randn(num_dummies, hkv * d, generator=g)])
         backend = create_attention_backend("torch", config)
 
-        plain = make_batch(ctx, reqs, phase)
+        plain = make_batch(reqs, phase, page_table=ctx.page_table)
         backend.prepare_metadata(plain)
         out_plain = backend.forward(q[:n_real], k_new, v_new, 0, plain)
 
-        padded = make_batch(ctx, reqs, phase, padded=reqs + dummies)
+        padded = make_batch(reqs, phase, reqs + dummies, page_table=ctx.page_table)
         assert padded.out_loc[n_real:].tolist() == [dummy_slot] * num_dummies
         backend.prepare_metadata(padded)
         out_pad = backend.forward(q, k_pad, v_pad, 0, padded)
@@ -452,7 +434,7 @@ def model_step(ctx, model, reqs: List[Req], phase: str, free: List[int], dummies
     """dummies：接在 reqs 后面凑批的假请求，它们的行在 page table 里事先填好，不分配。"""
     for r in reqs:
         allocate(ctx, r.table_idx, r.cached_len, r.device_len, free)
-    batch = make_batch(ctx, reqs, phase, padded=reqs + list(dummies))
+    batch = make_batch(reqs, phase, reqs + list(dummies), page_table=ctx.page_table)
     batch.input_ids = torch.cat([r.input_ids[r.cached_len:] for r in batch.padded_reqs])
     ctx.attn_backend.prepare_metadata(batch)
     with ctx.forward_batch(batch):

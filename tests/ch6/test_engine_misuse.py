@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from minisgl.core import Batch, Req, SamplingParams, get_global_ctx
 from minisgl.distributed import DistributedInfo, try_get_tp_info
 from minisgl.engine import Engine, EngineConfig, Sampler
+from tests.harness.batch import make_req as new_req  # make_req 在这里多一步：先在 page table 里给它写好槽位
 
 MODEL = "qwen3-tied"  # 词表 1024，max_position_embeddings 512
 NOWHERE = "/nonexistent/model"
@@ -147,8 +148,7 @@ def make_req(engine, ids, row, uid):
     """给 row 这一行写好连续的槽位，返回一个还没 prefill 的请求。"""
     n = len(ids)
     engine.page_table[row, :min(n, engine.page_table.shape[1])] = torch.arange(row * 16, row * 16 + n)[:64]
-    return Req(input_ids=torch.tensor(ids, dtype=torch.int32), table_idx=row, cached_len=0, output_len=2, uid=uid,
-               sampling_params=SamplingParams(), cache_handle=None)
+    return new_req(n, 0, row, uid, ids, output_len=2, sampling_params=SamplingParams())
 
 
 def fill(engine, reqs, prepare=True):

@@ -11,9 +11,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minisgl.core import Batch, Req, SamplingParams
+from minisgl.core import Batch, SamplingParams
 from minisgl.engine import BatchSamplingArgs, Sampler
 from minisgl.engine.sample import sample_impl
+from tests.harness.batch import make_batch as decode_batch
+from tests.harness.batch import make_req
 from tests.harness.contract import parse_outputs, run_in_process
 from tests.harness.reference import hf_greedy, load_hf
 
@@ -149,9 +151,8 @@ def test_task4_seed_decides_samples():
 
 
 def make_batch(params: list[SamplingParams]) -> Batch:
-    reqs = [Req(input_ids=torch.tensor([1, 2], dtype=torch.int32), table_idx=i, cached_len=0, output_len=4,
-                uid=i, sampling_params=sp, cache_handle=None) for i, sp in enumerate(params)]
-    return Batch(reqs=reqs, phase="decode")
+    """每个请求带一组采样参数的 decode batch（采样器只读 batch.reqs 的 sampling_params）。"""
+    return decode_batch([make_req(2, table_idx=i, sampling_params=sp) for i, sp in enumerate(params)], "decode")
 
 
 def test_task4_prepare_semantics():

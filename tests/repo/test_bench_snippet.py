@@ -1,4 +1,4 @@
-"""docs/snippets/bench_*.md 是 python -m tools.bench（和 tools.bench_kernels）的一次运行结果，书里直接引用：
+"""docs/snippets/bench_*.md 是 python -m tools.bench（和 tools.bench.kernels）的一次运行结果，书里直接引用：
 核对它们没被手改坏、和脚本现在写的一致。
 
 不计时、不重跑基准：只解析表格，用表里的时间重新算比值和 tokens/s，看和写着的是否对得上。
@@ -8,7 +8,8 @@ import re
 
 import pytest
 
-from tools import bench
+from tools.bench import report as bench
+from tools.bench.timing import Timing
 
 SNIPPET = bench.SNIPPET
 
@@ -58,7 +59,7 @@ def test_columns_and_rows_match_what_bench_writes_now(text):
     llama.cpp 那一行只在给了 --llama-bench 时才有：假结果按文件里有没有它来造。"""
     times, ratios = parse(text)
     keys = [k for k in bench.ROWS if k != "llama" or bench.ROWS["llama"] in [r[0] for r in times]]
-    fake = {k: bench.Timing({1: 0.1, 4: 0.2}, {1: 0.3, 4: 0.4}) for k in keys}
+    fake = {k: Timing({1: 0.1, 4: 0.2}, {1: 0.3, 4: 0.4}) for k in keys}
     meta = {k: "x" for k in ("command", "date", "machine", "transformers", "model", "kernels", "profile",
                              "weights_mib", "bandwidth", "steps", "repeat", "peak_rss", "weights_kv", "rss_over")}
     want_times, want_ratios = parse(bench.render(fake, meta))
@@ -123,7 +124,7 @@ KERNELS = SNIPPET.parent / "bench_kernels.md"
 def test_kernel_table_is_what_bench_kernels_writes():
     """附录引用的线性层核的表：抬头写着命令、机器和核的编译设置，列是脚本比较的三种做法，行是 1~8 行，
     GB/s 由 MiB 和 ms 算得出。"""
-    from tools import bench_kernels
+    from tools.bench import kernels as bench_kernels
 
     assert KERNELS.is_file(), f"{KERNELS} 不存在：运行 {bench_kernels.COMMAND} 生成它"
     text = KERNELS.read_text(encoding="utf-8")

@@ -222,7 +222,8 @@ def _check_command(cmd: str) -> None:
                 if word not in ("and", "or", "not"):
                     assert word in names, f"{cmd}：-k {word} 在第 {ck.chapter} 章会跑的测试里一个也选不到"
     elif argv[:2] == ["python", "-m"] and len(argv) > 2 and argv[2].startswith("tools."):
-        assert (ROOT / "tools" / f"{argv[2].removeprefix('tools.')}.py").is_file(), f"{cmd}：没有这个工具"
+        module = ROOT.joinpath(*argv[2].split("."))  # 模块 tools/x.py，或者包 tools/x/（有 __main__.py）
+        assert module.with_suffix(".py").is_file() or (module / "__main__.py").is_file(), f"{cmd}：没有这个工具"
     elif len(argv) > 1 and argv[0] == "python" and argv[1].endswith(".py") and not argv[1].split("/")[0].isupper():
         assert (ROOT / argv[1]).is_file(), f"{cmd}：没有 {argv[1]}"
 
@@ -301,5 +302,5 @@ def test_every_page_is_in_the_nav():
 
 
 def test_milestone_keeps_the_measured_section():
-    """CPU 上的实测一节放 tools/bench.py 写出的表格，不手写数字。"""
+    """CPU 上的实测一节放 tools/bench 写出的表格，不手写数字。"""
     assert "CPU 上的实测" in _headings((DOCS / "milestone.md").read_text(encoding="utf-8"))

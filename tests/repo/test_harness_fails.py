@@ -27,9 +27,11 @@ def test_skeleton_without_post_attention_norm_is_caught(tmp_path, tiny_models):
 
 
 def test_engine_with_norm_weight_ignored_is_caught(tmp_path, tiny_models):
-    entry = _broken_copy(tmp_path, "ch6_engine_sampler", "minisgl/layers/norm.py",
-                         "return add_rms_norm(x, residual, self.weight, self.eps)",
-                         "return add_rms_norm(x, residual, torch.ones_like(self.weight), self.eps)")
+    # RMSNormFused 的 C++ 和 PyTorch 两条路都改坏：哪台机器上都真的忽略了 norm 的权重
+    fused = ("return self._add_rms_norm(x, residual, {w}, self.eps)\n        if residual is not None:\n"
+             "            x = x + residual\n        return self._rms_norm(x, {w}, self.eps), x")
+    entry = _broken_copy(tmp_path, "ch6_engine_sampler", "minisgl/layers/norm.py", fused.format(w="self.weight"),
+                         fused.format(w="torch.ones_like(self.weight)"))
     failures = parity_failures(entry, tiny_models["qwen2"], PROMPTS[:1], TINY_NEW_TOKENS, page_size=4,
                                in_process=False)
     assert failures and "max |Δ logit|" in failures[0], failures

@@ -58,7 +58,7 @@ class TorchBackend(BaseAttnBackend):
         page_table, device = ctx.page_table, ctx.page_table.device
         # 边界在主存里用 Python 整数算好再拷上设备：切片要用整数，而从设备读回来（.tolist()）在 GPU 上是一次同步
         q_bounds, k_bounds = _cumsum([r.extend_len for r in reqs]), _cumsum([r.device_len for r in reqs])
-        batch.attn_metadata = TorchAttnMetadata(
+        batch.attn_metadata = meta = TorchAttnMetadata(
             cu_seqlens_q=torch.tensor(q_bounds, dtype=torch.int32, device=device),
             cu_seqlens_k=torch.tensor(k_bounds, dtype=torch.int32, device=device),
             indices=torch.cat([page_table[r.table_idx, :r.device_len] for r in reqs]).long(),  # 每个 batch 转一次
@@ -70,11 +70,13 @@ class TorchBackend(BaseAttnBackend):
             slots = page_table[torch.tensor([r.table_idx for r in reqs], device=device), :max(lens)]
             mask = torch.arange(slots.shape[1], device=device) < torch.tensor(lens, device=device)[:, None]
             # 补的位置指向自己的第 0 个槽位：它一定写过，读出的数有限；权重是 0，对结果没有贡献
-            batch.attn_metadata.decode_slots = torch.where(mask, slots, slots[:, :1]).long()
-            batch.attn_metadata.decode_mask = mask[:, None, None, :]
+            meta.decode_slots = torch.where(mask, slots, slots[:, :1]).long()
+            meta.decode_mask = mask[:, None, None, :]
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch) -> torch.Tensor:
-        meta: TorchAttnMetadata = batch.attn_metadata
+        meta = batch.attn_metadata
+        if not isinstance(meta, TorchAttnMetadata):  # 元数据由本后端的 prepare_metadata 建
+            raise TypeError(f"TorchBackend 拿到的 attn_metadata 是 {type(meta).__name__}：先调 prepare_metadata(batch)")
         self.kvcache.store_kv(k, v, batch.out_loc, layer_id)  # 先写：新 token 也要看见自己
         kv_shape = (-1, self.num_kv_heads, self.head_dim)
         if meta.decode_slots is not None:

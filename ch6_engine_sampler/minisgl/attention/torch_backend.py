@@ -5,7 +5,8 @@
 一页：page table 存的本来就是原始槽位，所以任何 page_size 都不用特殊处理。
 
 decode 另有一条批量的快路：每个请求只有 1 个新 token，把各自的历史补齐成 (bs, 最长历史) 的矩形（补的位置遮掉），
-每层一次整批的 decode_attention（第 6 章起在 minisgl/kernel），不再按请求循环。算式和通用路径一样，只是多了一维 batch。
+每层一次整批的 scaled_dot_product_attention，不再按请求循环。算式和通用路径一样，只是多了一维 batch。
+第 6 章起建后端时按 KV 池选一次：CPU 上的 fp32 池，decode 快路换成 minisgl/kernel 的 C++ 版（按槽位直接读池子）。
 """
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, List, Tuple
 
 import torch
+import torch.nn.functional as F
 
 from minisgl.core import Batch, get_global_ctx
 from minisgl.distributed import get_tp_info
-from minisgl.kernel import decode_attention
+from minisgl.kernel import cpu_op
 from minisgl.utils import div_even
 
 from .base import BaseAttnBackend, BaseAttnMetadata
@@ -52,13 +54,14 @@ class TorchBackend(BaseAttnBackend):
         self.num_kv_heads = div_even(config.num_kv_heads, tp, allow_replicate=True)
         self.head_dim = config.head_dim
         self.scale = config.head_dim ** -0.5
+        self._decode_attention = cpu_op("decode_attention", self.kvcache.k_cache(0))
 
     def prepare_metadata(self, batch: Batch) -> None:
         ctx, reqs = get_global_ctx(), batch.padded_reqs
         page_table, device = ctx.page_table, ctx.page_table.device
         # 边界在主存里用 Python 整数算好再拷上设备：切片要用整数，而从设备读回来（.tolist()）在 GPU 上是一次同步
         q_bounds, k_bounds = _cumsum([r.extend_len for r in reqs]), _cumsum([r.device_len for r in reqs])
-        batch.attn_metadata = TorchAttnMetadata(
+        batch.attn_metadata = meta = TorchAttnMetadata(
             cu_seqlens_q=torch.tensor(q_bounds, dtype=torch.int32, device=device),
             cu_seqlens_k=torch.tensor(k_bounds, dtype=torch.int32, device=device),
             indices=torch.cat([page_table[r.table_idx, :r.device_len] for r in reqs]).long(),  # 每个 batch 转一次
@@ -70,17 +73,25 @@ class TorchBackend(BaseAttnBackend):
             slots = page_table[torch.tensor([r.table_idx for r in reqs], device=device), :max(lens)]
             mask = torch.arange(slots.shape[1], device=device) < torch.tensor(lens, device=device)[:, None]
             # 补的位置指向自己的第 0 个槽位：它一定写过，读出的数有限；权重是 0，对结果没有贡献
-            batch.attn_metadata.decode_slots = torch.where(mask, slots, slots[:, :1]).long()
-            batch.attn_metadata.decode_mask = mask[:, None, None, :]
+            meta.decode_slots = torch.where(mask, slots, slots[:, :1]).long()
+            meta.decode_mask = mask[:, None, None, :]
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch) -> torch.Tensor:
-        meta: TorchAttnMetadata = batch.attn_metadata
+        meta = batch.attn_metadata
+        if not isinstance(meta, TorchAttnMetadata):  # 元数据由本后端的 prepare_metadata 建
+            raise TypeError(f"TorchBackend 拿到的 attn_metadata 是 {type(meta).__name__}：先调 prepare_metadata(batch)")
         self.kvcache.store_kv(k, v, batch.out_loc, layer_id)  # 先写：新 token 也要看见自己
         kv_shape = (-1, self.num_kv_heads, self.head_dim)
-        if meta.decode_slots is not None:  # 整批一次：minisgl/kernel 按槽位读池子（退路是原来的 index_select + SDPA）
-            return decode_attention(q, self.kvcache.k_cache(layer_id).view(kv_shape),
-                                    self.kvcache.v_cache(layer_id).view(kv_shape), meta.decode_slots,
-                                    meta.decode_mask, self.scale)
+        if meta.decode_slots is not None and self._decode_attention is not None:
+            return self._decode_attention(q, self.kvcache.k_cache(layer_id).view(kv_shape),
+                                          self.kvcache.v_cache(layer_id).view(kv_shape), meta.decode_slots,
+                                          meta.decode_mask, self.scale)
+        if meta.decode_slots is not None:
+            slots = meta.decode_slots.view(-1)  # index_select 一次整块拷贝，比二维下标的高级索引快（每层两次）
+            k_hist = self.kvcache.k_cache(layer_id).view(kv_shape).index_select(0, slots)
+            v_hist = self.kvcache.v_cache(layer_id).view(kv_shape).index_select(0, slots)
+            bs_l = (*meta.decode_slots.shape, self.num_kv_heads, self.head_dim)
+            return self._decode(q, k_hist.view(bs_l), v_hist.view(bs_l), meta.decode_mask)
         k_all = self.kvcache.k_cache(layer_id).view(kv_shape)[meta.indices]  # 一次取出整个 batch 的历史
         v_all = self.kvcache.v_cache(layer_id).view(kv_shape)[meta.indices]
         out = torch.empty_like(q)
@@ -97,3 +108,14 @@ class TorchBackend(BaseAttnBackend):
         future = torch.arange(k.shape[0], device=q.device)[None, :] > q_pos[:, None]  # 右下角对齐的因果掩码
         s = s.masked_fill(future, float("-inf"))
         return torch.einsum("hqk,khd->qhd", s.softmax(-1, dtype=torch.float32).to(v.dtype), v)
+
+    def _decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """整个 batch 一起。q: (bs, H_q, D) 每个请求 1 个新 token；k, v: (bs, L, H_kv, D)；mask: (bs, 1, 1, L)。
+        算式和 _attend 一样：softmax(q·kᵀ·scale，补的位置遮掉)·v。整批交给 F.scaled_dot_product_attention 一次算完：
+        每层一个算子，而不是十来个小算子（decode 每步每层都要付一次调度开销）。enable_gqa：同一组的 q 头共用一个 kv 头，
+        不复制 kv。"""
+        bs = q.shape[0]
+        o = F.scaled_dot_product_attention(q.reshape(bs, self.num_qo_heads, 1, self.head_dim),  # (bs, H_q, 1, D)
+                                           k.transpose(1, 2), v.transpose(1, 2),  # (bs, H_kv, L, D)
+                                           attn_mask=mask, scale=self.scale, enable_gqa=True)
+        return o.reshape(bs, self.num_qo_heads, self.head_dim)

@@ -1,7 +1,8 @@
 """预分配的 KV 池：一次分好 (2, 层数, 页数, page_size, kv 头数, head_dim)，之后只往里写新 token。
 
 第 0 步每一步都 torch.cat 把整段历史复制一遍；这里每个新 token 只写自己的槽位（out_loc），
-历史原地不动，由 page table 记着每个请求的每个位置在哪个槽位。
+历史原地不动，由 page table 记着每个请求的每个位置在哪个槽位。第 6 章起建池时选一次写法：CPU 上的 fp32 池
+换成 minisgl/kernel 的 C++ store_cache（一次调用写完 K 和 V，官方也调它自己的 store_cache 内核）。
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from minisgl.distributed import get_tp_info
-from minisgl.kernel import store_cache
+from minisgl.kernel import cpu_op
 from minisgl.utils import div_even
 
 from .base import BaseKVCachePool
@@ -32,6 +33,7 @@ class MHAKVCache(BaseKVCachePool):
                                       dtype=dtype, device=device)
         self._k_buffer, self._v_buffer = self._kv_buffer[0], self._kv_buffer[1]
         self._storage_shape = (num_pages * page_size, self.local_kv_heads, head_dim)
+        self._store_cache = cpu_op("store_cache", self._kv_buffer)
 
     def k_cache(self, index: int) -> torch.Tensor:
         """第 index 层的 K，分页的视图：(num_pages, page_size, H_kv, D)。"""
@@ -42,9 +44,12 @@ class MHAKVCache(BaseKVCachePool):
 
     def store_kv(self, k: torch.Tensor, v: torch.Tensor, out_loc: torch.Tensor, layer_id: int) -> None:
         """k, v: (N, H_kv·D) 或 (N, H_kv, D)；out_loc: (N,) 槽位。只写这 N 个槽位，不碰别的。"""
-        # 和官方一样交给 minisgl/kernel：CPU 上一次 C++ 调用拷完两份
-        store_cache(self._k_buffer[layer_id].view(self._storage_shape),
-                    self._v_buffer[layer_id].view(self._storage_shape), out_loc, k, v)
+        if self._store_cache is not None:
+            return self._store_cache(self._k_buffer[layer_id].view(self._storage_shape),
+                                     self._v_buffer[layer_id].view(self._storage_shape), out_loc, k, v)
+        loc = out_loc.long()
+        self._k_buffer[layer_id].view(self._storage_shape)[loc] = k.reshape(-1, *self._storage_shape[1:])
+        self._v_buffer[layer_id].view(self._storage_shape)[loc] = v.reshape(-1, *self._storage_shape[1:])
 
     @property
     def device(self) -> torch.device:

@@ -4,6 +4,7 @@
 - VocabParallelEmbedding: weight (V_tp, D)；ids (N,) -> (N, D)。不归自己管的 id 查出 0，各份求和。
 - ParallelLMHead:         weight (V_tp, D)；x (N, D) -> logits (bs, V)。prefill 时只有每个请求的最后一个 token
   进 LM head（其余位置的 logits 没人要）；各份的 logits 沿词表拼接（all-gather）。
+第 6 章起 LM head 和线性层一样，加载权重时选一次矩阵乘：CPU 上的 fp32 换成 minisgl/kernel 的 linear。
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import torch.nn.functional as F
 
 from minisgl.core import get_global_ctx
 from minisgl.distributed import DistributedCommunicator, get_tp_info
-from minisgl.kernel import linear  # 和 F.linear 同签名；怎么算由 minisgl/kernel 决定（附录：CPU 上的矩阵乘）
+from minisgl.kernel import cpu_op
 from minisgl.utils import div_ceil
 
 from .base import _STATE_DICT, BaseOP, _check_full_shape, _check_leftovers
@@ -59,6 +60,7 @@ class ParallelLMHead(VocabParallelEmbedding):
         super().__init__(num_embeddings, embedding_dim)
         self.bias = torch.empty(self.num_embeddings_tp) if bias else None
         self.tied_embedding = tied_embedding  # 绑定时权重归词嵌入所有：下面两个方法不把它算进自己的 state_dict
+        self._linear = F.linear
 
     def state_dict(self, *, prefix: str = "", result: _STATE_DICT | None = None) -> _STATE_DICT:
         if self.tied_embedding is None:
@@ -67,17 +69,20 @@ class ParallelLMHead(VocabParallelEmbedding):
 
     def load_state_dict(self, state_dict: _STATE_DICT, *, prefix: str = "", _internal: bool = False) -> None:
         if self.tied_embedding is None:
-            return super().load_state_dict(state_dict, prefix=prefix, _internal=_internal)
-        for name in ("weight", "bias"):  # 有的绑定检查点也存了一份 lm_head.weight：和 HF 一样忽略它
-            state_dict.pop(f"{prefix}.{name}" if prefix else name, None)
-        _check_leftovers(state_dict, _internal)
+            super().load_state_dict(state_dict, prefix=prefix, _internal=_internal)
+        else:
+            for name in ("weight", "bias"):  # 有的绑定检查点也存了一份 lm_head.weight：和 HF 一样忽略它
+                state_dict.pop(f"{prefix}.{name}" if prefix else name, None)
+            _check_leftovers(state_dict, _internal)
+        weight = self.weight if self.tied_embedding is None else self.tied_embedding.weight  # 词嵌入先加载
+        self._linear = cpu_op("linear", weight) or F.linear  # 权重到了才知道设备和 dtype：只选这一次
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch = get_global_ctx().batch
         if batch.is_prefill:  # 只留每个请求的最后一个 token：(N, D) -> (bs, D)，行号由注意力元数据给出
             x = x[batch.attn_metadata.get_last_indices(batch.size).long()]
         weight = self.weight if self.tied_embedding is None else self.tied_embedding.weight
-        logits = linear(x, weight, self.bias)
+        logits = self._linear(x, weight, self.bias)
         if self.tp_size == 1:
             return logits
         bs = logits.shape[0]

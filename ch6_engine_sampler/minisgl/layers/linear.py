@@ -8,6 +8,8 @@
 - LinearOProj / LinearRowParallel  按输入切（行并行）：weight (out, in/tp)，各份结果求和（all-reduce）
 
 每一层自己知道怎么从完整的检查点张量里切出本 rank 的那份：shard(full, part)，切之前先核对完整形状。
+第 6 章起加载权重时选一次矩阵乘：CPU 上的 fp32 换成 minisgl/kernel 的 linear（和 F.linear 同签名，decode 的
+1~8 行走 C++ 的小批量矩阵乘，见附录"CPU 上的矩阵乘"），其余照旧用 F.linear。
 """
 
 from __future__ import annotations
@@ -15,12 +17,13 @@ from __future__ import annotations
 from typing import List
 
 import torch
+import torch.nn.functional as F
 
 from minisgl.distributed import DistributedCommunicator, get_tp_info
-from minisgl.kernel import linear  # 和 F.linear 同签名；怎么算由 minisgl/kernel 决定（附录：CPU 上的矩阵乘）
+from minisgl.kernel import cpu_op
 from minisgl.utils import div_even
 
-from .base import BaseOP, _check_full_shape
+from .base import _STATE_DICT, BaseOP, _check_full_shape
 
 
 class _LinearTPImpl(BaseOP):
@@ -34,6 +37,13 @@ class _LinearTPImpl(BaseOP):
         tp = get_tp_info()
         self._tp_rank = tp.rank
         self._tp_size = tp.size
+        self._linear = F.linear
+
+    # --8<-- [start:bind]
+    def load_state_dict(self, state_dict: _STATE_DICT, *, prefix: str = "", _internal: bool = False) -> None:
+        super().load_state_dict(state_dict, prefix=prefix, _internal=_internal)
+        self._linear = cpu_op("linear", self.weight) or F.linear  # 权重到了才知道设备和 dtype：只选这一次
+    # --8<-- [end:bind]
 
     def _check_full(self, full: torch.Tensor, rows: int) -> torch.Tensor:
         """weight 是 (rows, 完整的输入维)，bias 是 (rows,)。"""
@@ -43,7 +53,7 @@ class _LinearTPImpl(BaseOP):
         return self._check_full(full, self.full_output_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)
+        return self._linear(x, self.weight, self.bias)
 
 
 class LinearReplicated(_LinearTPImpl):
@@ -105,7 +115,7 @@ class LinearOProj(_LinearTPImpl):
         return full[:, self._tp_rank * n:(self._tp_rank + 1) * n]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = linear(x, self.weight, self.bias)
+        y = self._linear(x, self.weight, self.bias)
         return self._comm.all_reduce(y) if self._tp_size > 1 else y
 
 

@@ -2,6 +2,7 @@
 
 形状约定：positions (N,) 整数；query (N, H_q·D)，key (N, H_kv·D) -> 同形状。
 cos/sin 表按 (max_position, 2D) 预先算好（每行 [cos, cos, -sin, sin]，各 D/2 列），forward 只查表。
+第 6 章起，表在 CPU 上时构造时就选定 minisgl/kernel 的 C++ 版（一次调用转完 q 和 k，和官方构造时绑定 FlashInfer 一样）。
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any, Dict, Tuple
 
 import torch
 
-from minisgl.kernel import apply_rope  # 同样的查表旋转；CPU 上是一次 C++ 调用
+from minisgl.kernel import cpu_op
 
 from .base import StateLessOP
 
@@ -62,12 +63,23 @@ class RotaryEmbedding(StateLessOP):
             cos, sin = freqs.cos(), freqs.sin()  # 各 (max_pos, D/2)
             # 每行 [cos, cos, -sin, sin]：查一次表就是整头的 cos 和带符号的 sin，旋转只要两次乘一次加
             self._cos_sin_cache = torch.cat([cos, cos, -sin, sin], dim=-1)  # (max_pos, 2D) fp32
+        self._apply_rope = cpu_op("apply_rope", self._cos_sin_cache)  # 表是 CPU 上的 fp32；q、k 什么 dtype 都收
 
     def forward(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
                 ) -> Tuple[torch.Tensor, torch.Tensor]:
         if self._cos_sin_cache.device != positions.device:
             self._cos_sin_cache = self._cos_sin_cache.to(positions.device)  # 只在第一次换设备时搬一次
-        return apply_rope(positions, query, key, self._cos_sin_cache, self.head_size)  # 查表旋转，见 minisgl/kernel
+            self._apply_rope = cpu_op("apply_rope", self._cos_sin_cache)  # 表换了设备：跟着重选一次
+        if self._apply_rope is not None:
+            return self._apply_rope(positions, query, key, self._cos_sin_cache, self.head_size)
+        cos, sin = self._cos_sin_cache.index_select(0, positions).unsqueeze(1).chunk(2, dim=-1)  # 各 (N, 1, D)
+        return self._rotate(query, cos, sin), self._rotate(key, cos, sin)
+
+    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        # HF 算 x·cos + rotate_half(x)·sin，rotate_half(x) = [-x2, x1]；负号已经放进表里的 sin，就只剩一次 roll
+        shape, d = x.shape, self.head_size
+        xf = x.reshape(shape[0], -1, d).float()  # (N, 头数, D)，在 fp32 里转
+        return (xf * cos + xf.roll(d // 2, dims=-1) * sin).to(x.dtype).reshape(shape)
 
 
 @functools.cache

@@ -1,4 +1,5 @@
-"""三个家族共用的两块：带 RoPE 的注意力和门控 MLP（文件名、类名与官方一致）。"""
+"""三个家族共用的两块：带 RoPE 的注意力和门控 MLP（文件名、类名与官方一致）。
+第 6 章起 MLP 加载权重时选一次激活（官方在构造时绑定 act_fn）：CPU 上的 fp32 换成 minisgl/kernel 的 C++ 版。"""
 
 from __future__ import annotations
 
@@ -6,8 +7,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from minisgl.kernel import cpu_op
 from minisgl.layers import (AttentionLayer, BaseOP, LinearColParallelMerged, LinearOProj, LinearQKVMerged,
                             LinearRowParallel, RMSNorm, silu_and_mul)
+from minisgl.layers.base import _STATE_DICT
 
 if TYPE_CHECKING:
     from .config import ModelConfig
@@ -35,6 +38,11 @@ class GatedMLP(BaseOP):
         inter = config.intermediate_size
         self.gate_up_proj = LinearColParallelMerged(config.hidden_size, [inter, inter], has_bias=False)
         self.down_proj = LinearRowParallel(inter, config.hidden_size, has_bias=False)
+        self._act_fn = silu_and_mul
+
+    def load_state_dict(self, state_dict: _STATE_DICT, *, prefix: str = "", _internal: bool = False) -> None:
+        super().load_state_dict(state_dict, prefix=prefix, _internal=_internal)
+        self._act_fn = cpu_op("silu_and_mul", self.gate_up_proj.weight) or silu_and_mul  # 激活的输入就在这个设备上
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj.forward(silu_and_mul(self.gate_up_proj.forward(x)))
+        return self.down_proj.forward(self._act_fn(self.gate_up_proj.forward(x)))

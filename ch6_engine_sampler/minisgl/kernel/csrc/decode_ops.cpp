@@ -1,37 +1,19 @@
 // decode 一步里矩阵乘之外的几个小算子，每个一次调用：RMSNorm（可带残差相加）、RoPE、写 KV、decode 注意力、SiLU 门控。
 // 它们的计算量都很小，一步 decode 的时间花在"调用次数"上：PyTorch 里一个 RMSNorm 是五六个 ATen 算子，
 // 每个都要分配输出、调度一次、把刚被权重挤出缓存的数据再读一遍。这里每个算子读一遍输入、写一遍输出。
-// 算式和 cpu_ops.py 里的 PyTorch 退路一样，只差浮点累加顺序（和 SiLU 里自己算的 exp，误差不到 1 ulp）；
+// 算式和各层里前几章的 PyTorch 写法一样，只差浮点累加顺序（和 SiLU 里自己算的 exp，误差不到 1 ulp）；
 // tests/ch6/test_kernel_ops.py 逐个核对。
-#include <torch/extension.h>
-
+#include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
-#include <tuple>
 #include <vector>
 
+#include "cpu_kernel.h"
+
+namespace minisgl {
 namespace {
-
-#if defined(__AVX512F__)
-constexpr int kWidth = 16;
-#elif defined(__AVX__)
-constexpr int kWidth = 8;
-#else
-constexpr int kWidth = 4;
-#endif
-
-typedef float vec __attribute__((vector_size(kWidth * sizeof(float))));
-
-inline vec load(const float* p) {
-  vec v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-
-inline void store(float* p, vec v) { std::memcpy(p, &v, sizeof(v)); }
 
 // e^x，一次 kWidth 个（Cephes 的 expf）：x = n·ln2 + r，|r| ≤ ln2/2，e^r 用 6 项多项式，2^n 直接拼进指数位。
 // 在 [-87, 88] 里误差不到 1 ulp，和 std::exp 一样准；更小的 x 给 1.2e-38（当 0 用），更大的给 inf，NaN 还是 NaN
@@ -56,8 +38,7 @@ inline float dot(const float* a, const float* b, int64_t n) {
   vec acc = {};
   int64_t i = 0;
   for (; i + kWidth <= n; i += kWidth) acc += load(a + i) * load(b + i);
-  float s = 0.f;
-  for (int j = 0; j < kWidth; ++j) s += acc[j];
+  float s = hsum(acc);
   for (; i < n; ++i) s += a[i] * b[i];
   return s;
 }
@@ -100,7 +81,8 @@ torch::Tensor rms_norm(const torch::Tensor& x_in, const torch::Tensor& w, double
   const auto x = heads ? x_in : x_in.contiguous();
   auto y = torch::empty(x.sizes(), x.options());
   const float* xp = x.data_ptr<float>();
-  const float* wp = w.contiguous().data_ptr<float>();
+  const auto wc = w.contiguous();  // 留一个名字：临时张量的内存在这一行结束时就释放了
+  const float* wp = wc.data_ptr<float>();
   float* yp = y.data_ptr<float>();
   const int64_t per_row = heads ? x.size(1) : 1, row_stride = heads ? x.stride(0) : per_row * d;
   for (int64_t r = 0, n = d ? x.numel() / d : 0; r < n; ++r) {
@@ -119,9 +101,9 @@ std::tuple<torch::Tensor, torch::Tensor> add_rms_norm(const torch::Tensor& x_in,
   const int64_t d = w.numel();
   TORCH_CHECK(x_in.sizes() == res_in.sizes() && x_in.dim() >= 1 && x_in.size(-1) == d, "add_rms_norm: x ",
               x_in.sizes(), " and residual ", res_in.sizes(), " must match and end in ", d);
-  const auto x = x_in.contiguous(), res = res_in.contiguous();
+  const auto x = x_in.contiguous(), res = res_in.contiguous(), wc = w.contiguous();
   auto y = torch::empty_like(x), sum = torch::empty_like(x);
-  const float *xp = x.data_ptr<float>(), *rp = res.data_ptr<float>(), *wp = w.contiguous().data_ptr<float>();
+  const float *xp = x.data_ptr<float>(), *rp = res.data_ptr<float>(), *wp = wc.data_ptr<float>();
   float *yp = y.data_ptr<float>(), *sp = sum.data_ptr<float>();
   for (int64_t r = 0, n = d ? x.numel() / d : 0; r < n; ++r) {
     float* s = sp + r * d;
@@ -132,13 +114,12 @@ std::tuple<torch::Tensor, torch::Tensor> add_rms_norm(const torch::Tensor& x_in,
 }
 
 // positions (N,)；query (N, H_q·D)、key (N, H_kv·D)（行内连续即可，行间可以有间隔：qkv 切出来的 view）；
-// cos_sin (max_pos, 2D)，每行 [cos, cos, -sin, sin] -> 旋转后的新 (query, key)
+// cos_sin (max_pos, 2D) fp32，每行 [cos, cos, -sin, sin] -> 旋转后的新 (query, key)。q、k 可以是别的浮点 dtype
+// （和 FlashInfer 一样）：转成 float 算、写回原 dtype，同 PyTorch 写法的 x.float() … .to(x.dtype)
 std::tuple<torch::Tensor, torch::Tensor> apply_rope(const torch::Tensor& pos_in, const torch::Tensor& query,
                                                     const torch::Tensor& key, const torch::Tensor& cos_sin,
                                                     int64_t head_dim) {
   RECORD_FUNCTION("minisgl::apply_rope", std::vector<c10::IValue>());
-  check_f32(query, "apply_rope", "query");
-  check_f32(key, "apply_rope", "key");
   check_f32(cos_sin, "apply_rope", "cos_sin_cache");
   const int64_t n = pos_in.numel(), d = head_dim, half = head_dim / 2;
   TORCH_CHECK(d > 0 && d % 2 == 0 && cos_sin.dim() == 2 && cos_sin.size(1) == 2 * d && cos_sin.is_contiguous(),
@@ -147,6 +128,8 @@ std::tuple<torch::Tensor, torch::Tensor> apply_rope(const torch::Tensor& pos_in,
   for (const int64_t p : pp) check_index(p, cos_sin.size(0), "apply_rope", "position");  // query、key 共用，查一次
   const float* cs = cos_sin.data_ptr<float>();
   auto rotate = [&](const torch::Tensor& x_in) {
+    TORCH_CHECK(x_in.device().is_cpu() && at::isFloatingType(x_in.scalar_type()), "apply_rope: query / key must be ",
+                "CPU floating point, got ", x_in.scalar_type(), " on ", x_in.device());
     TORCH_CHECK(x_in.dim() >= 1 && x_in.size(0) == n && x_in.numel() % (n ? n * d : 1) == 0, "apply_rope: ",
                 x_in.sizes(), " is not (", n, ", heads·", d, ")");
     // 每个 token 的一行连续就行（(N, H·D) 或 (N, H, D)），行间可以有间隔：按步长直接读，不先拷一份
@@ -154,18 +137,21 @@ std::tuple<torch::Tensor, torch::Tensor> apply_rope(const torch::Tensor& pos_in,
     const auto xc = rows ? x_in : x_in.contiguous();
     auto y = torch::empty(xc.sizes(), xc.options());
     const int64_t heads = n ? xc.numel() / (n * d) : 0;
-    for (int64_t t = 0; t < n; ++t) {
-      const float* c = cs + pp[t] * 2 * d;  // cos 在前 d 列，带符号的 sin 在后 d 列
-      const float* s = c + d;
-      for (int64_t h = 0; h < heads; ++h) {
-        const float* xh = xc.data_ptr<float>() + t * xc.stride(0) + h * d;
-        float* yh = y.data_ptr<float>() + (t * heads + h) * d;
-        for (int64_t i = 0; i < half; ++i) {  // HF：x·cos + rotate_half(x)·sin，rotate_half(x) = [-x2, x1]
-          yh[i] = xh[i] * c[i] + xh[i + half] * s[i];
-          yh[i + half] = xh[i + half] * c[i + half] + xh[i] * s[i + half];
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, xc.scalar_type(), "apply_rope", [&] {
+      for (int64_t t = 0; t < n; ++t) {
+        const float* c = cs + pp[t] * 2 * d;  // cos 在前 d 列，带符号的 sin 在后 d 列
+        const float* s = c + d;
+        for (int64_t h = 0; h < heads; ++h) {
+          const scalar_t* xh = xc.data_ptr<scalar_t>() + t * xc.stride(0) + h * d;
+          scalar_t* yh = y.data_ptr<scalar_t>() + (t * heads + h) * d;
+          for (int64_t i = 0; i < half; ++i) {  // HF：x·cos + rotate_half(x)·sin，rotate_half(x) = [-x2, x1]
+            const float x1 = static_cast<float>(xh[i]), x2 = static_cast<float>(xh[i + half]);
+            yh[i] = static_cast<scalar_t>(x1 * c[i] + x2 * s[i]);
+            yh[i + half] = static_cast<scalar_t>(x2 * c[i + half] + x1 * s[i + half]);
+          }
         }
       }
-    }
+    });
     return y;
   };
   return {rotate(query), rotate(key)};
@@ -181,6 +167,7 @@ void store_cache(torch::Tensor& k_cache, torch::Tensor& v_cache, const torch::Te
               "store_cache: k_cache and v_cache must be contiguous and of the same shape");
   const int64_t slots = k_cache.size(0), row = slots ? k_cache.numel() / slots : 0, n = indices.numel();
   const std::vector<int64_t> lp = indices_of(indices, "store_cache", "indices");
+  if (n == 0) return;  // 没有要写的（reshape 也分不出 0 行每行多长）
   const auto k = k_in.reshape({n, -1}).contiguous(), v = v_in.reshape({n, -1}).contiguous();
   check_f32(k, "store_cache", "k");
   check_f32(v, "store_cache", "v");
@@ -206,6 +193,7 @@ torch::Tensor decode_attention(const torch::Tensor& q_in, const torch::Tensor& k
               k_cache.is_contiguous() && v_cache.is_contiguous() && q_in.size(2) == k_cache.size(2) &&
               k_cache.size(1) > 0 && q_in.size(1) % k_cache.size(1) == 0,
               "decode_attention: q ", q_in.sizes(), " does not fit the cache ", k_cache.sizes());
+  TORCH_CHECK(mask_in.device().is_cpu(), "decode_attention: mask must be on the CPU, got ", mask_in.device());
   const auto q = q_in.contiguous();
   const int64_t bs = q.size(0), hq = q.size(1), d = q.size(2), hkv = k_cache.size(1), groups = hq / hkv;
   const auto mask = mask_in.to(at::kBool).reshape({bs, -1}).contiguous();
@@ -284,16 +272,4 @@ torch::Tensor silu_and_mul(const torch::Tensor& x_in) {
   return y;
 }
 
-void register_decode_ops(pybind11::module_& m) {
-  using pybind11::arg;
-  m.def("rms_norm", &rms_norm, "x / sqrt(mean(x^2) + eps) * weight", arg("x"), arg("weight"), arg("eps"));
-  m.def("add_rms_norm", &add_rms_norm, "(rms_norm(x + residual), x + residual)", arg("x"), arg("residual"),
-        arg("weight"), arg("eps"));
-  m.def("apply_rope", &apply_rope, "neox-style RoPE from a [cos, cos, -sin, sin] table", arg("positions"),
-        arg("query"), arg("key"), arg("cos_sin_cache"), arg("head_dim"));
-  m.def("store_cache", &store_cache, "k_cache[indices] = k; v_cache[indices] = v", arg("k_cache"), arg("v_cache"),
-        arg("indices"), arg("k"), arg("v"));
-  m.def("decode_attention", &decode_attention, "softmax(q k^T * scale, masked) v, reading the pool by slot",
-        arg("q"), arg("k_cache"), arg("v_cache"), arg("slots"), arg("mask"), arg("scale"));
-  m.def("silu_and_mul", &silu_and_mul, "silu(x[..., :I]) * x[..., I:]", arg("x"));
-}
+}  // namespace minisgl

@@ -1,45 +1,12 @@
 // 小批量（1~8 行）fp32 矩阵乘 y = x · wᵀ + b：decode 的线性层。
 // 行很少时矩阵乘是在"读权重"：每个权重元素只做 2·行数 次运算。所以这里每个线程顺着读自己那几行权重，
 // 一次读进寄存器就给所有输入行用——batch 4 和 batch 1 读的权重一样多。
-// 向量化用编译器的向量扩展（gcc / clang），-march=native 决定宽度：同一份源码在 AVX2、AVX-512 和 ARM 上都能编。
-#include <torch/extension.h>
-
 #include <ATen/Parallel.h>
 
-#include <cstring>
+#include "cpu_kernel.h"
 
+namespace minisgl {
 namespace {
-
-#if defined(__AVX512F__)
-constexpr int kWidth = 16;  // 一个向量 16 个 float；32 个向量寄存器
-constexpr int kTileT = 4;   // 4 行权重 × 4 行输入 = 16 个累加器，再加 4 个权重、1 个输入，不溢出
-#elif defined(__AVX__)
-constexpr int kWidth = 8;   // AVX2 只有 16 个向量寄存器：4 × 2 = 8 个累加器 + 4 + 1
-constexpr int kTileT = 2;
-#else
-constexpr int kWidth = 4;   // SSE / ARM NEON：128 位
-#if defined(__aarch64__)
-constexpr int kTileT = 4;   // NEON 有 32 个寄存器
-#else
-constexpr int kTileT = 2;
-#endif
-#endif
-constexpr int kTileR = 4;     // 一次读 4 行权重
-constexpr int kMaxRows = 8;   // 更多行（prefill）交给 F.linear：那是算力的活，MKL 擅长
-
-typedef float vec __attribute__((vector_size(kWidth * sizeof(float))));
-
-inline vec load(const float* p) {
-  vec v;
-  std::memcpy(&v, p, sizeof(v));  // 不要求对齐：编译成一条非对齐读
-  return v;
-}
-
-inline float hsum(vec v) {
-  float s = 0.f;
-  for (int i = 0; i < kWidth; ++i) s += v[i];
-  return s;
-}
 
 // --8<-- [start:tile]
 // R 行权重（从 w 开始，每行 k 个）× T 行输入（从 x 开始）：结果写进 y 的 T 行、R 列
@@ -92,7 +59,8 @@ torch::Tensor small_linear(const torch::Tensor& x_in, const torch::Tensor& w_in,
   TORCH_CHECK(x_in.dim() == 2 && w_in.dim() == 2 && x_in.size(1) == w_in.size(1), "small_linear: shapes ", x_in.sizes(),
               " and ", w_in.sizes(), " do not match");
   TORCH_CHECK(x_in.size(0) <= kMaxRows, "small_linear: at most ", kMaxRows, " rows, got ", x_in.size(0));
-  TORCH_CHECK(x_in.scalar_type() == at::kFloat && w_in.scalar_type() == at::kFloat, "small_linear: fp32 only");
+  TORCH_CHECK(x_in.is_cpu() && w_in.is_cpu() && x_in.scalar_type() == at::kFloat && w_in.scalar_type() == at::kFloat,
+              "small_linear: CPU fp32 only, got ", x_in.scalar_type(), " and ", w_in.scalar_type());
   RECORD_FUNCTION("minisgl::small_linear", std::vector<c10::IValue>());  // 在 torch.profiler 里看得见；没开 profiler 时几乎不花时间
   const auto x = x_in.contiguous();
   const auto w = w_in.contiguous();
@@ -105,7 +73,8 @@ torch::Tensor small_linear(const torch::Tensor& x_in, const torch::Tensor& w_in,
   const float* bp = nullptr;
   if (b_in.has_value()) {
     b = b_in->contiguous();
-    TORCH_CHECK(b.scalar_type() == at::kFloat && b.numel() == m, "small_linear: bias must be fp32 of ", m);
+    TORCH_CHECK(b.is_cpu() && b.scalar_type() == at::kFloat && b.numel() == m,
+                "small_linear: bias must be CPU fp32 of ", m);
     bp = b.data_ptr<float>();
   }
   // --8<-- [start:parallel]
@@ -130,13 +99,12 @@ torch::Tensor small_linear(const torch::Tensor& x_in, const torch::Tensor& w_in,
   return y;
 }
 
-void register_decode_ops(pybind11::module_& m);  // decode_ops.cpp：同一个扩展里的其余小算子
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("small_linear", &small_linear, "y = x @ w.T + b for 1-8 fp32 rows", py::arg("x"), py::arg("w"),
-        py::arg("b") = py::none());
-  m.attr("max_rows") = kMaxRows;
-  m.attr("vector_width") = kWidth;
-  m.attr("tile") = py::make_tuple(kTileR, kTileT);
-  register_decode_ops(m);
+// --8<-- [start:linear]
+// 线性层调这个，和 F.linear 一样用：1~kMaxRows 行的二维输入（decode）走上面的核，更多行（prefill）交给 at::linear（MKL）
+torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& w, const c10::optional<torch::Tensor>& b) {
+  if (x.dim() == 2 && x.size(0) <= kMaxRows) return small_linear(x, w, b);
+  return at::linear(x, w, b);
 }
+// --8<-- [end:linear]
+
+}  // namespace minisgl

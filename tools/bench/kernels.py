@@ -1,8 +1,8 @@
 """线性层的核的小基准：decode 的几行输入下，fp32 的矩阵乘读权重有多快（附录"CPU 上的矩阵乘"引用它写的表）。
 
-    .venv/bin/python -m tools.bench_kernels             # 8 层 Qwen3-0.6B 的线性层（480 MiB，远大于 L3），1/2/4/8 行；
+    .venv/bin/python -m tools.bench.kernels             # 8 层 Qwen3-0.6B 的线性层（480 MiB，远大于 L3），1/2/4/8 行；
                                                         # 表写进 docs/snippets/bench_kernels.md
-    .venv/bin/python -m tools.bench_kernels --layers 28 --rows 1 4
+    .venv/bin/python -m tools.bench.kernels --layers 28 --rows 1 4
 
 并排四列：F.linear（MKL 的 sgemm）、第 6 章 minisgl.kernel 的 C++ 小批量矩阵乘、同一个核读放进 2 MB 大页的
 同一份权重（kernel.to_huge_pages，Engine 加载时就这么放）、用 sum() 把大页上的那份读一遍
@@ -21,14 +21,15 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from tools.bench import huge_page_line, kernel_summary, machine_line
+from tools.bench.machine import kernel_summary, machine_line
+from tools.bench.memory import huge_page_line
 from tools.manifest import ROOT, use_checkpoint
 
 use_checkpoint("ch6_engine_sampler")  # 量的是第 6 章 minisgl.kernel 的做法
 from minisgl import kernel  # noqa: E402
 
 SNIPPET = ROOT / "docs" / "snippets" / "bench_kernels.md"  # 附录引用的表
-COMMAND = ".venv/bin/python -m tools.bench_kernels"
+COMMAND = ".venv/bin/python -m tools.bench.kernels"
 SHAPES = [(4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072)]  # Qwen3-0.6B 一层：qkv、o、gate_up、down
 COLUMNS = ["行数", "F.linear（MKL sgemm）", "minisgl.kernel（C++）", "minisgl.kernel，权重在 2 MB 大页上",
            "sum() 读大页上的那份"]
@@ -56,20 +57,21 @@ def main() -> None:
     ap.add_argument("--out", default=None,
                     help=f"把表写成 markdown（不带参数的默认运行写到 {SNIPPET.relative_to(ROOT)}）")
     args = ap.parse_args()
-    if not 1 <= min(args.rows) <= max(args.rows) <= kernel.MAX_ROWS:
-        raise SystemExit(f"错误：--rows 要在 1~{kernel.MAX_ROWS} 之间（更多行 minisgl.kernel 交给 F.linear）")
-    if kernel.extension() is None:
+    ext = kernel.extension()
+    if ext is None:
         raise SystemExit("错误：minisgl.kernel 的 C++ 核用不了（原因见上一行）：只剩 F.linear，没什么可比")
+    if not 1 <= min(args.rows) <= max(args.rows) <= ext.max_rows:
+        raise SystemExit(f"错误：--rows 要在 1~{ext.max_rows} 之间（更多行 minisgl.kernel 交给 F.linear）")
     default_run = sys.argv[1:] == []
     out = args.out if args.out is not None else (str(SNIPPET) if default_run else "")
     torch.manual_seed(0)
     weights = [torch.randn(o, i) * 0.02 for _ in range(args.layers) for o, i in SHAPES]
     nbytes = sum(w.numel() * w.element_size() for w in weights)
     huge = [kernel.to_huge_pages(w) for w in weights]  # 同样的值，放进 2 MB 大页（系统没有 THP 时就是同一份）
-    kinds = {COLUMNS[1]: (F.linear, weights), COLUMNS[2]: (kernel.linear, weights),
-             COLUMNS[3]: (kernel.linear, huge), COLUMNS[4]: (lambda x, w: w.sum(), huge)}
-    command = COMMAND if default_run else " ".join(["python", "-m", "tools.bench_kernels"] + sys.argv[1:])
-    lines = [f"<!-- 由 tools/bench_kernels.py 生成，不要手改；重新生成：{COMMAND} -->", "",
+    kinds = {COLUMNS[1]: (F.linear, weights), COLUMNS[2]: (ext.linear, weights),
+             COLUMNS[3]: (ext.linear, huge), COLUMNS[4]: (lambda x, w: w.sum(), huge)}
+    command = COMMAND if default_run else " ".join(["python", "-m", "tools.bench.kernels"] + sys.argv[1:])
+    lines = [f"<!-- 由 tools/bench/kernels.py 生成，不要手改；重新生成：{COMMAND} -->", "",
              f"命令：`{command}`<br>",
              f"日期：{datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}；{machine_line()}<br>",
              f"minisgl.kernel：{kernel_summary()}<br>",

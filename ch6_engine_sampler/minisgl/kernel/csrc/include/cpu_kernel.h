@@ -1,0 +1,61 @@
+// csrc 下几个 .cpp 共用的：向量类型和读写它的函数、矩阵乘的分块常量、各算子的声明（module.cpp 绑定它们）。
+// 向量化用编译器的向量扩展（gcc / clang），-march=native 决定宽度：同一份源码在 AVX2、AVX-512 和 ARM 上都能编。
+#pragma once
+
+#include <torch/extension.h>
+
+#include <cstring>
+#include <tuple>
+
+namespace minisgl {
+
+#if defined(__AVX512F__)
+constexpr int kWidth = 16;  // 一个向量 16 个 float；32 个向量寄存器
+constexpr int kTileT = 4;   // 4 行权重 × 4 行输入 = 16 个累加器，再加 4 个权重、1 个输入，不溢出
+#elif defined(__AVX__)
+constexpr int kWidth = 8;   // AVX2 只有 16 个向量寄存器：4 × 2 = 8 个累加器 + 4 + 1
+constexpr int kTileT = 2;
+#else
+constexpr int kWidth = 4;   // SSE / ARM NEON：128 位
+#if defined(__aarch64__)
+constexpr int kTileT = 4;   // NEON 有 32 个寄存器
+#else
+constexpr int kTileT = 2;
+#endif
+#endif
+constexpr int kTileR = 4;     // 一次读 4 行权重
+constexpr int kMaxRows = 8;   // 小批量矩阵乘最多管几行；更多行（prefill）是算力的活，交给 MKL
+
+typedef float vec __attribute__((vector_size(kWidth * sizeof(float))));
+
+inline vec load(const float* p) {
+  vec v;
+  std::memcpy(&v, p, sizeof(v));  // 不要求对齐：编译成一条非对齐读
+  return v;
+}
+
+inline void store(float* p, vec v) { std::memcpy(p, &v, sizeof(v)); }
+
+inline float hsum(vec v) {
+  float s = 0.f;
+  for (int i = 0; i < kWidth; ++i) s += v[i];
+  return s;
+}
+
+using torch::Tensor;
+
+// small_linear.cpp
+Tensor small_linear(const Tensor& x, const Tensor& w, const c10::optional<Tensor>& b);
+Tensor linear(const Tensor& x, const Tensor& w, const c10::optional<Tensor>& b);
+
+// decode_ops.cpp
+Tensor rms_norm(const Tensor& x, const Tensor& w, double eps);
+std::tuple<Tensor, Tensor> add_rms_norm(const Tensor& x, const Tensor& residual, const Tensor& w, double eps);
+std::tuple<Tensor, Tensor> apply_rope(const Tensor& positions, const Tensor& query, const Tensor& key,
+                                      const Tensor& cos_sin, int64_t head_dim);
+void store_cache(Tensor& k_cache, Tensor& v_cache, const Tensor& indices, const Tensor& k, const Tensor& v);
+Tensor decode_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& slots,
+                        const Tensor& mask, double scale);
+Tensor silu_and_mul(const Tensor& x);
+
+}  // namespace minisgl

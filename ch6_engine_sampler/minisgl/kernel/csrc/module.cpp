@@ -1,0 +1,19 @@
+// 把 small_linear.cpp 和 decode_ops.cpp 的算子绑成一个 Python 扩展（minisgl/kernel/utils.py 的 load_jit 编它）。
+#include "cpu_kernel.h"
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  using namespace minisgl;
+  using pybind11::arg;
+  m.def("linear", &linear, arg("x"), arg("w"), arg("b") = py::none());  // 线性层绑定的是它
+  m.def("small_linear", &small_linear, arg("x"), arg("w"), arg("b") = py::none());
+  m.def("rms_norm", &rms_norm, arg("x"), arg("weight"), arg("eps"));
+  m.def("add_rms_norm", &add_rms_norm, arg("x"), arg("residual"), arg("weight"), arg("eps"));
+  m.def("apply_rope", &apply_rope, arg("positions"), arg("query"), arg("key"), arg("cos_sin_cache"), arg("head_dim"));
+  m.def("store_cache", &store_cache, arg("k_cache"), arg("v_cache"), arg("indices"), arg("k"), arg("v"));
+  m.def("decode_attention", &decode_attention, arg("q"), arg("k_cache"), arg("v_cache"), arg("slots"), arg("mask"),
+        arg("scale"));
+  m.def("silu_and_mul", &silu_and_mul, arg("x"));
+  m.attr("max_rows") = kMaxRows;
+  m.attr("vector_width") = kWidth;
+  m.attr("tile") = py::make_tuple(kTileR, kTileT);
+}

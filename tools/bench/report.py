@@ -1,0 +1,78 @@
+"""结果写成 markdown：抬头（命令、日期、机器、版本）、时间表、比值表（带目标）、内存那一行。
+表的列和行都在这里定义；tests/repo/test_bench_snippet.py 用它们核对 docs/snippets/ 里写出来的文件。"""
+
+from __future__ import annotations
+
+from tools.bench.timing import Timing
+from tools.manifest import ROOT
+
+SNIPPET = ROOT / "docs" / "snippets" / "bench_cpu.md"
+COMMAND = ".venv/bin/python -m tools.bench --random-qwen3-0.6b"  # 文档里写的那一条命令
+SNIPPET_SMOLLM2 = ROOT / "docs" / "snippets" / "bench_smollm2.md"
+COMMAND_SMOLLM2 = ".venv/bin/python -m tools.bench --smollm2"
+SNIPPETS = {SNIPPET: COMMAND, SNIPPET_SMOLLM2: COMMAND_SMOLLM2}  # 生成的片段 -> 生成它的命令（测试核对）
+
+BATCH_SIZES = (1, 4)
+COLUMNS = ["", "decode bs=1 (ms/步)", "decode bs=4 (ms/步)", "prefill bs=1 (ms)", "prefill bs=4 (ms)",
+           "bs=1 tokens/s", "bs=4 tokens/s"]
+ROWS = {"floor": "内存带宽下限", "skeleton": "第 0 步骨架", "hf": "HF transformers", "engine": "第 6 章 Engine",
+        "llama": "llama.cpp（F32）"}  # llama.cpp 一行只在给了 --llama-bench 时才有
+RATIO_COLUMNS = ["比值", "bs=1", "bs=4", "目标"]
+RATIOS = {"engine/floor": "Engine / 下限", "hf/engine": "HF / Engine", "skeleton/engine": "骨架 / Engine",
+          "engine bs4/bs1": "Engine 的 bs=4 步 / bs=1 步", "engine/llama": "Engine / llama.cpp"}
+TARGETS = {"hf/engine": "bs=1 ≥ 1.0，bs=4 ≥ 1.3", "engine bs4/bs1": "≤ 1.3",
+           "engine/llama": "bs=1 ≤ 1.10（SmolLM2 ≤ 1.30）"}
+
+
+def fmt(x: float | None, digits: int = 1) -> str:
+    return "—" if x is None else f"{x:.{digits}f}"
+
+
+def _ms(t: dict[int, float | None], bs: int) -> float | None:
+    return None if t.get(bs) is None else t[bs] * 1e3
+
+
+def time_rows(results: dict[str, Timing]) -> list[str]:
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    for key, label in ROWS.items():
+        if key in results:
+            t = results[key]
+            cells = [fmt(_ms(t.decode, bs)) for bs in BATCH_SIZES] + [fmt(_ms(t.prefill, bs)) for bs in BATCH_SIZES]
+            cells += [fmt(None if t.decode.get(bs) is None else bs / t.decode[bs]) for bs in BATCH_SIZES]
+            lines.append("| " + " | ".join([label, *cells]) + " |")
+    return lines
+
+
+def ratio_rows(results: dict[str, Timing]) -> list[str]:
+    e, f, h, s = (results[k].decode for k in ("engine", "floor", "hf", "skeleton"))
+    lc = results["llama"].decode if "llama" in results else {}
+
+    def ratio(a: float | None, b: float | None) -> str:  # 用表里显示的（取整到 0.1 ms 的）数算：读者能照表核对
+        shown = [None if t is None else round(t * 1e3, 1) for t in (a, b)]
+        return fmt(None if None in shown or shown[1] == 0 else shown[0] / shown[1], 2)
+
+    ratios = {"engine/floor": (ratio(e[1], f[1]), ratio(e[4], f[4])),
+              "hf/engine": (ratio(h[1], e[1]), ratio(h[4], e[4])),
+              "skeleton/engine": (ratio(s.get(1), e[1]), ratio(s.get(4), e[4])),
+              "engine bs4/bs1": (ratio(e[4], e[1]), ""),
+              "engine/llama": (ratio(e[1], lc.get(1)), "")}
+    if "llama" not in results:
+        del ratios["engine/llama"]
+    lines = ["| " + " | ".join(RATIO_COLUMNS) + " |", "|" + "---|" * len(RATIO_COLUMNS)]
+    return lines + [f"| {RATIOS[k]} | {a} | {b} | {TARGETS.get(k, '')} |" for k, (a, b) in ratios.items()]
+
+
+def render(results: dict[str, Timing], meta: dict[str, str]) -> str:
+    """results：ROWS 的键 -> Timing；meta：抬头和内存那一行要填的字符串（键见下面用到的）。"""
+    lines = [f"<!-- 由 tools/bench 生成，不要手改；重新生成：{meta['command']} -->", "",
+             f"命令：`{meta['command']}`<br>",
+             f"日期：{meta['date']}；{meta['machine']}；transformers {meta['transformers']}<br>",
+             f"模型：{meta['model']}，fp32 权重 {meta['weights_mib']} MiB；内存读带宽 {meta['bandwidth']}<br>",
+             f"线性层的核：{meta['kernels']}<br>",
+             f"一步 decode（bs=1，torch.profiler）：{meta['profile']}<br>",
+             (f"以下数字来自**一次运行**（decode 取 {meta['steps']} 步的平均，几个实现轮流测，"
+              f"每项 {meta['repeat']} 轮取最快），换个时间、换台机器都会有起伏；比的是同一次运行里的相对快慢。"), ""]
+    lines += time_rows(results) + [""] + ratio_rows(results)
+    lines += ["", (f"加载 Engine 时常驻内存的峰值增量：{meta['peak_rss']}；权重 + KV 池 = {meta['weights_kv']}"
+                   f"（差 {meta['rss_over']}）。")]
+    return "\n".join(lines) + "\n"
