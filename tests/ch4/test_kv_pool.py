@@ -1,8 +1,6 @@
 """第 4 章：预分配的 KV 池。一次分好、原地写新槽位、历史不搬家；page table 存原始槽位，页大小不影响结果。"""
 
-import contextlib
 import importlib.util
-import io
 
 import pytest
 import torch
@@ -12,6 +10,7 @@ from minisgl.distributed import reset_tp_info, set_tp_info
 from minisgl.kvcache import BaseKVCachePool, MHAKVCache, create_kvcache_pool
 from tests.harness import parity
 from tests.harness.contract import build_argv, parse_outputs, run_in_process, run_subprocess
+from tests.harness.errors import expect_exit, run_cli
 from tools.manifest import PROMPTS
 
 SENTINEL = 12345.0
@@ -283,18 +282,13 @@ def test_task3_larger_pool_same_tokens(checkpoint, tiny_models):
 # ---------------------------------------------------------------- 任务 4：池或 page table 不够时的清楚报错
 
 
-def cli_error(entry, argv):
-    """在进程内跑入口脚本，应当失败：返回报错文字（异常信息 + stderr）。成功退出则返回 None。"""
-    err = io.StringIO()
+def cli_error(checkpoint, argv):
+    """在本进程里跑入口脚本（tests/harness/errors.py 的 run_cli），结果交给 expect_exit。"""
     try:
-        with contextlib.redirect_stderr(err):
-            run_in_process(entry, argv)
-    except Exception as e:  # 包括 ContractError（argparse 的 SystemExit）
-        return f"{type(e).__name__}: {e}\n{err.getvalue()}"
+        return run_cli(checkpoint.entry_path, argv)
     finally:
         reset_global_ctx()  # 出错时入口脚本可能没来得及清理
         reset_tp_info()
-    return None
 
 
 TWO_PROMPTS = ["The capital of France is", "def fibonacci(n):"]
@@ -303,23 +297,21 @@ TWO_PROMPTS = ["The capital of France is", "def fibonacci(n):"]
 def test_task4_num_pages_too_small_cli(checkpoint, tiny_models):
     """真的起一个子进程：池的页不够时非零退出，stderr 里点名 --num-pages。"""
     argv = build_argv(tiny_models["llama3"], TWO_PROMPTS, 8, 4) + ["--num-pages", "2"]
-    res = run_subprocess(checkpoint.entry_path, argv)
-    assert res.returncode != 0, res.stdout
-    assert "--num-pages" in res.stderr, res.stderr[-2000:]
+    expect_exit("ch4/pool_too_small", run_subprocess(checkpoint.entry_path, argv))
 
 
 @pytest.mark.parametrize("ps,num_pages", [(1, 3), (1, 20), (16, 1)])
 def test_task4_num_pages_too_small(checkpoint, tiny_models, ps, num_pages):
-    """prefill 就放不下（3 页）、decode 途中用完（20 页 < 约 30 页）、一个请求一页但有两个请求（16, 1）。"""
-    argv = build_argv(tiny_models["llama3"], TWO_PROMPTS, 8, ps) + ["--num-pages", str(num_pages)]
-    msg = cli_error(checkpoint.entry_path, argv)
-    assert msg is not None, f"--num-pages {num_pages} 不够用却成功了"
-    assert "--num-pages" in msg, msg
+    """prefill 就放不下（3 页）、decode 途中用完（20 页 < 约 30 页）、一个请求一页但有两个请求（16, 1：
+    --max-seq-len 16，页才不比序列长）。"""
+    argv = build_argv(tiny_models["llama3"], TWO_PROMPTS, 8, ps) + ["--num-pages", str(num_pages),
+                                                                    "--max-seq-len", "16"]
+    expect_exit("ch4/pool_too_small", cli_error(checkpoint, argv))
 
 
 def test_task4_num_pages_zero_is_refused(checkpoint, tiny_models):
-    msg = cli_error(checkpoint.entry_path, build_argv(tiny_models["llama3"], ["Hello"], 2) + ["--num-pages", "0"])
-    assert msg is not None and "--num-pages" in msg, msg
+    res = cli_error(checkpoint, build_argv(tiny_models["llama3"], ["Hello"], 2) + ["--num-pages", "0"])
+    expect_exit("ch4/sizes_not_positive", res, name="--num-pages")
 
 
 @pytest.mark.parametrize("case", ["prompt_longer_than_row", "generation_outgrows_row", "generation_exceeds_limit"])
@@ -328,9 +320,8 @@ def test_task4_max_seq_len_too_small(checkpoint, tiny_models, case):
     prompt, n = {"prompt_longer_than_row": (PROMPTS[3], 2),  # 提示词本身就放不进一行
                  "generation_outgrows_row": ("Hello world", 40),  # decode 途中超出 page table 一行
                  "generation_exceeds_limit": ("Hello world", 10)}[case]  # 超过给定的上限（即使补齐后还放得下）
-    msg = cli_error(checkpoint.entry_path, build_argv(tiny_models["llama3"], [prompt], n) + ["--max-seq-len", "5"])
-    assert msg is not None, "--max-seq-len 5 放不下却成功了"
-    assert "--max-seq-len" in msg, msg
+    res = cli_error(checkpoint, build_argv(tiny_models["llama3"], [prompt], n) + ["--max-seq-len", "5"])
+    expect_exit("ch4/max_seq_len_rule", res, max_seq_len=5)
 
 
 def test_task4_max_seq_len_large_enough_is_fine(checkpoint, tiny_models):

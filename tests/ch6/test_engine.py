@@ -19,6 +19,7 @@ from minisgl.distributed import DistributedInfo, try_get_tp_info
 from minisgl.engine import Engine, EngineConfig, ForwardOutput
 from minisgl.utils import div_ceil
 from tools.manifest import PROMPTS
+from tests.harness.errors import expect_error
 from tests.harness.reference import encode, hf_greedy
 
 N = 16  # 每个请求生成的 token 数
@@ -43,7 +44,7 @@ def engine_of(model, **kw):
 
 
 def assert_no_global_state() -> None:
-    with pytest.raises(RuntimeError):
+    with expect_error("ch1/global_ctx_unset"):
         get_global_ctx()
     assert try_get_tp_info() is None
 
@@ -168,7 +169,7 @@ def test_task1_num_threads_set_by_engine_only_without_omp(tiny_models, monkeypat
 def test_task1_max_seq_len_beyond_model_is_refused(tiny_models):
     """超过 max_position_embeddings（小模型是 512）→ ValueError；全局状态清干净，之后还能建 Engine。"""
     model = tiny_models[MODEL]
-    with pytest.raises(ValueError, match="512"):
+    with expect_error("ch6/max_seq_len_beyond_model", limit=512):
         make_engine(model, max_seq_len=513)
     assert_no_global_state()
     with engine_of(model, num_pages=1024, max_seq_len=512) as e:
@@ -180,9 +181,8 @@ def test_task1_max_seq_len_beyond_model_is_refused(tiny_models):
 def test_task1_missing_model_dir(tiny_models, tmp_path):
     """模型目录不存在：FileNotFoundError，说出路径和下载命令；之后还能建 Engine。"""
     missing = tmp_path / "no_such_model"
-    with pytest.raises(FileNotFoundError) as info:
+    with expect_error("ch3/model_dir_missing", path=missing):
         make_engine(missing)
-    assert str(missing) in str(info.value) and "hf download" in str(info.value)
     assert_no_global_state()
     with engine_of(tiny_models[MODEL], num_pages=8, max_seq_len=8) as e:
         assert e.num_pages == 8
