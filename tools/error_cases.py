@@ -117,8 +117,8 @@ def render_fragment(c: Case, frag: str) -> str:
 def render_raises(c: Case) -> str:
     if c.raises == (EXIT,):
         if c.argparse:
-            return "命令行解析报错退出：最后一行 `error: …`（第 6 章起 `错误：…`）"
-        return "退出：最后一行 `错误：…`"
+            return "非 0 退出，最后一行是命令行解析的 `error: …`（第 6 章起 `错误：…`）"
+        return "非 0 退出，最后一行 `错误：…`"
     return " 或 ".join(f"`{r}`" for r in c.raises)
 
 

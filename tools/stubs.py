@@ -5,7 +5,7 @@ python course.py start ch4 复制上一章的检查点（目录的事在 tools/w
 签名、类型注解、docstring（含形状约定）、模块级的 import 和常量、类的字段都原样保留，函数体换成
 raise NotImplementedError("第 4 章 · 任务 K：名字")。哪些函数体保留：
 
-- 只有 ... / pass 的（抽象方法、协议）：它们本来就没有实现；
+- 只有 ... / pass / raise NotImplementedError 的（抽象方法、协议、基类的默认实现）：它们本来就没有实现；
 - 只把参数存成属性的 __init__：脚手架，不是本章要学的；
 - 函数体和上一章同一文件里的同名函数一模一样（只改了签名也算）：上一章已经写过；
 - tests/tasks.toml 的 keep（命令行解析）：测试要靠它驱动，和本章的想法无关。
@@ -66,9 +66,16 @@ def body(node) -> list[ast.stmt]:
     return body
 
 
+def _is_abstract(s: ast.stmt) -> bool:
+    """raise NotImplementedError(...)：基类的默认实现本来就是"子类来写"，不是本章要写的。"""
+    exc = s.exc if isinstance(s, ast.Raise) else None
+    target = exc.func if isinstance(exc, ast.Call) else exc
+    return isinstance(target, ast.Name) and target.id == "NotImplementedError"
+
+
 def _is_empty(node) -> bool:
-    return all(isinstance(s, ast.Pass) or (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant)
-                                            and s.value.value is Ellipsis) for s in body(node))
+    return all(isinstance(s, ast.Pass) or _is_abstract(s) or (isinstance(s, ast.Expr) and isinstance(
+        s.value, ast.Constant) and s.value.value is Ellipsis) for s in body(node))
 
 
 def _only_stores(node) -> bool:

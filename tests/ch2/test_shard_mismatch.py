@@ -75,7 +75,7 @@ def config_and_checkpoint(draw):
 
 @settings(max_examples=120, deadline=None)
 @given(config_and_checkpoint())
-def test_shard_refuses_config_that_disagrees_with_checkpoint(case):
+def test_task3_shard_refuses_config_that_disagrees_with_checkpoint(case):
     tp, config, ckpt = case
     tensors, expected = full_tensors(ckpt), full_tensors(config)
     assert any(t.shape != expected[n][0].shape for n, (t, _, _) in tensors.items()) == (config != ckpt)

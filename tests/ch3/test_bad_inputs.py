@@ -71,7 +71,7 @@ def test_config_json_not_json(tiny_models, tmp_path):
 
 
 @pytest.mark.parametrize("arch", ["GPT2LMHeadModel", "MistralForCausalLM"])
-def test_unsupported_architecture_lists_supported(tiny_models, tmp_path, arch):
+def test_config_with_unsupported_architecture_lists_supported(tiny_models, tmp_path, arch):
     """在读权重之前就拒绝，说出它的名字并列出支持的三个。"""
     path = copy_model(tiny_models, "qwen3-tied", tmp_path)
     edit_config(path, architectures=[arch])
@@ -297,7 +297,7 @@ def shrunk_configs(draw):
 
 @settings(max_examples=15, deadline=None, derandomize=True, database=None)
 @given(pair=shrunk_configs())
-def test_config_smaller_than_checkpoint_is_refused__needs_layer_shard_checks(pair):
+def test_task6_config_smaller_than_checkpoint_is_refused__needs_layer_shard_checks(pair):
     """HF 在这里报 size mismatch；只切不查会悄悄截掉多出来的行或列。每个 TP 下都拒绝，说出是哪个文件。"""
     real, claimed = pair
     with tempfile.TemporaryDirectory() as dirname:

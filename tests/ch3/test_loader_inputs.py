@@ -64,7 +64,7 @@ def test_unindexed_dir_ignores_stray_safetensors(tiny_models, tmp_path):
     assert same_as_original(tiny_models, "qwen3-tied", path)
 
 
-def test_unindexed_dir_without_model_safetensors_is_refused(tiny_models, tmp_path):
+def test_task6_unindexed_dir_without_model_safetensors_is_refused(tiny_models, tmp_path):
     """没有 model.safetensors 也没有索引：HF 找不到权重；报错说出它要的名字和目录里那些不会被读的文件。"""
     path = copy_model(tiny_models, "qwen3-tied", tmp_path)
     (path / "model.safetensors").rename(path / "weights.safetensors")
@@ -91,7 +91,7 @@ def test_model_safetensors_wins_over_the_index(tiny_models, tmp_path):
     assert same_as_original(tiny_models, "qwen3-untied", path)
 
 
-def test_duplicate_key_across_shards_is_refused(tiny_models, tmp_path):
+def test_task6_duplicate_key_across_shards_is_refused(tiny_models, tmp_path):
     """两个分片都有 model.norm.weight：哪份算数说不清，拒绝，说出键和两个文件。"""
     path = copy_model(tiny_models, "qwen3-untied", tmp_path)
     weight_map = json.loads((path / "model.safetensors.index.json").read_text())["weight_map"]
@@ -135,7 +135,7 @@ def make_fifo_or_dir(file, kind):
 
 
 @pytest.mark.parametrize("kind", ["fifo", "dir", "device"])
-def test_model_safetensors_that_is_not_a_regular_file(tiny_models, tmp_path, kind):
+def test_task6_model_safetensors_that_is_not_a_regular_file(tiny_models, tmp_path, kind):
     path = copy_model(tiny_models, "qwen3-tied", tmp_path)
     (path / "model.safetensors").unlink()
     make_fifo_or_dir(path / "model.safetensors", kind)
@@ -144,7 +144,7 @@ def test_model_safetensors_that_is_not_a_regular_file(tiny_models, tmp_path, kin
 
 
 @pytest.mark.parametrize("kind", ["fifo", "dir", "device"])
-def test_indexed_shard_that_is_not_a_regular_file(tiny_models, tmp_path, kind):
+def test_task6_indexed_shard_that_is_not_a_regular_file(tiny_models, tmp_path, kind):
     path = copy_model(tiny_models, "qwen3-untied", tmp_path)
     shard = sorted(set(json.loads((path / "model.safetensors.index.json").read_text())["weight_map"].values()))[-1]
     (path / shard).unlink()
@@ -170,7 +170,7 @@ def sliding_qwen2(tiny_models, tmp_path, use, layer_types=None):
 
 
 @pytest.mark.parametrize("explicit", [False, True])
-def test_sliding_window_config_is_refused(tiny_models, tmp_path, explicit):
+def test_task1_sliding_window_config_is_refused(tiny_models, tmp_path, explicit):
     """HF 对第 1 层起用 4 个 token 的窗口；我们只有全注意力，长过窗口后 token 就不同：拒绝，说出层和窗口。"""
     types = ["full_attention", "sliding_attention", "sliding_attention"] if explicit else None
     path = sliding_qwen2(tiny_models, tmp_path, True, types)
@@ -188,7 +188,7 @@ def test_sliding_window_set_but_unused_still_loads(tiny_models, tmp_path):
 
 # ---------------------------------------------------------------- config.json 比权重小
 
-def test_shard_errors_name_the_file_and_tensor(tiny_models, tmp_path, monkeypatch):
+def test_task6_shard_errors_name_the_file_and_tensor(tiny_models, tmp_path, monkeypatch):
     """算子的 shard() 发现形状不对时只知道形状；加载器补上是哪个文件、哪个张量。"""
     path = tiny_models["qwen3-tied"]
     model = build_meta(config_of(path))
@@ -210,7 +210,7 @@ def test_shard_errors_name_the_file_and_tensor(tiny_models, tmp_path, monkeypatc
     ("num_attention_heads", 2, "self_attn."),
     ("num_key_value_heads", 1, "self_attn."),
 ])
-def test_config_smaller_than_weights_is_refused__needs_layer_shard_checks(tiny_models, tmp_path, tp, field, value,
+def test_task6_config_smaller_than_weights_is_refused__needs_layer_shard_checks(tiny_models, tmp_path, tp, field, value,
                                                                           tensor):
     """HF 在这里报 size mismatch；只切不查的 shard() 会悄悄截掉多出来的行，模型照跑、token 全错。
     形状检查在各算子的 shard() 里（第 2 章的 layers/），加载器负责说出文件和张量。"""

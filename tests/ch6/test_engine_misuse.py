@@ -79,7 +79,7 @@ def test_config_distributed_timeout_must_be_positive(timeout):
         config(distributed_timeout=timeout)
 
 
-def test_page_larger_than_max_seq_len_is_refused(tiny_models):
+def test_task1_page_larger_than_max_seq_len_is_refused(tiny_models):
     """一页 128 个槽位、一个请求最多 64 个位置：多出来的槽位谁也用不上，在建 KV 池之前就拒绝。"""
     with expect_error("ch6/page_larger_than_max_seq_len", page_size=128, max_seq_len=64):
         Engine(config(tiny_models[MODEL], page_size=128))

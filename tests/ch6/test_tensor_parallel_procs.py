@@ -190,7 +190,7 @@ def tp_config(model, tp: int, rank: int = 0, **kw) -> EngineConfig:
     (4, 2, 128, 2, None), (4, 2, 128, 4, None), (4, 1, 128, 4, None),  # 4 个 rank 复制 2 个或 1 个 KV 头
     (4, 2, 128, 3, "num_attention_heads=4"), (8, 3, 128, 2, "num_key_value_heads=3"),
     (8, 3, 128, 4, "num_key_value_heads=3"), (8, 8, 100, 8, "intermediate_size=100")])
-def test_check_tp_names_the_culprit(tiny_models, heads, kv_heads, inter, tp, culprit):
+def test_task1_check_tp_names_the_culprit(tiny_models, heads, kv_heads, inter, tp, culprit):
     config = tp_config(tiny_models["qwen3-tied"], tp)
     config.__dict__["model_config"] = dataclasses.replace(  # cached_property：换成要测的形状
         config.model_config, num_qo_heads=heads, num_kv_heads=kv_heads, intermediate_size=inter)
@@ -201,14 +201,14 @@ def test_check_tp_names_the_culprit(tiny_models, heads, kv_heads, inter, tp, cul
             config.check_tp()
 
 
-def test_engine_refuses_bad_tp_before_any_global_state(tiny_models):
+def test_task1_engine_refuses_bad_tp_before_any_global_state(tiny_models):
     with expect_error("ch6/check_tp", tp=3, culprit="num_attention_heads=4"):
         Engine(tp_config(tiny_models["qwen3-tied"], 3))
     assert try_get_tp_info() is None
     assert not torch.distributed.is_initialized()
 
 
-def test_lonely_rank_times_out_instead_of_hanging(tiny_models, tmp_path):
+def test_task1_lonely_rank_times_out_instead_of_hanging(tiny_models, tmp_path):
     """tp=2 只来了 rank 0：会合等 distributed_timeout 秒后报错；全局状态和进程组都清干净。"""
     config = tp_config(tiny_models["qwen3-tied"], 2, distributed_timeout=2,
                        distributed_addr=f"file://{tmp_path / 'rendezvous'}")
