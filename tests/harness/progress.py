@@ -29,13 +29,24 @@ def reason_of(exc: BaseException) -> str:
     stub = _STUB.search(text)  # 子进程碰到了桩：它的 stderr 在消息里
     if stub:
         return stub.group(0).strip()
-    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    lines = [line for line in text.splitlines() if line.strip()]
+    first = lines[0].strip() if lines else ""
     if isinstance(exc, AssertionError):
-        return first or "assert 失败"
+        return _assert_reason(lines) or "assert 失败"
     name = type(exc).__name__
     if name == "Failed":  # pytest.fail(...)：消息本身就是原因
         return first
     return f"{name}: {first}" if first else name
+
+
+def _assert_reason(lines: list[str]) -> str:
+    """pytest 改写过的 assert 的消息是"测试给的消息 + 换行 + assert 的说明"。测试给的消息第一行是一句话（比如对齐报告的
+    "第一次分叉"）就用它；是整段子进程输出（Traceback、警告）时用说明那一行（"assert 1 == 0"）。"""
+    at = max((i for i, line in enumerate(lines) if line.startswith("assert ")), default=None)
+    message = lines[:at] if at is not None else lines
+    if message and not re.match(r"\s*(Traceback|File \"|\S+:\d+: \w*Warning)", message[0]):
+        return message[0].strip()
+    return lines[at].strip() if at is not None else (message[0].strip() if message else "")
 
 
 @pytest.hookimpl(hookwrapper=True)
