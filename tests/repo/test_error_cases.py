@@ -57,7 +57,8 @@ def violations(source: str, path: str = "<test>", given=lambda func: False) -> l
                     and ERROR_TEXT.search(ast.unparse(node.comparators[0])):
                 out.append(f"{where}: {ast.unparse(node)}（报错片段写进 errors.toml）")
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
-                    and node.func.attr in ("startswith", "endswith") and ERROR_TEXT.search(ast.unparse(node.func.value)):
+                    and node.func.attr in ("startswith", "endswith") \
+                    and ERROR_TEXT.search(ast.unparse(node.func.value)):
                 out.append(f"{where}: {ast.unparse(node)}（报错片段写进 errors.toml）")
             if isinstance(node, ast.Call) and ast.unparse(node.func) in ("re.search", "re.match", "re.fullmatch") \
                     and any(ERROR_TEXT.search(ast.unparse(a)) for a in node.args[1:]):
@@ -108,8 +109,8 @@ def test_data_is_well_formed(folder):
     for c in error_cases.load(folder).values():
         assert c.task in tasks or c.task == 0 and given_test_patterns(c.chapter), f"{c.id}：没有任务 {c.task}"
         for name in c.raises:
-            assert isinstance(getattr(builtins, name, None), type) and issubclass(getattr(builtins, name), BaseException), \
-                f"{c.id}：{name} 不是内置的异常类"
+            cls = getattr(builtins, name, None)
+            assert isinstance(cls, type) and issubclass(cls, BaseException), f"{c.id}：{name} 不是内置的异常类"
         for frag in (*c.message, *c.absent):
             for p in error_cases.PLACEHOLDER.findall(frag):
                 assert p in c.echo, f"{c.id}：占位符 {{{p}}} 在 [echo] 里没有页面上的词"
@@ -189,9 +190,11 @@ def test_cli_helper_checks_the_last_line():
         return subprocess.CompletedProcess([], code, "", err)
 
     assert expect_exit("ch4/pool_too_small", res(1, "warning\n错误：页用完了（--num-pages）\n")).startswith("错误：")
-    for bad, why in [(res(0, ""), "却正常退出"), (res(1, "Traceback (most recent call last):\nValueError: x"),
-                                                  "Traceback"),
-                     (res(1, "页用完了（--num-pages）"), "不以 '错误：' 开头"), (res(1, "错误：页用完了"), "没有 '--num-pages'")]:
+    traceback = "Traceback (most recent call last):\nValueError: x"
+    bad_runs = [(res(0, ""), "却正常退出"), (res(1, traceback), "Traceback"),
+                (res(1, "页用完了（--num-pages）"), "不以 '错误：' 开头"),
+                (res(1, "错误：页用完了"), "没有 '--num-pages'")]
+    for bad, why in bad_runs:
         with pytest.raises(ErrorCaseFailure, match=why):
             expect_exit("ch4/pool_too_small", bad)
 
@@ -214,6 +217,7 @@ def test_tests_of_a_case_belong_to_its_task():
                 hits = match(tasks.get(chapter, []), nodeid, "tests")
                 for case_id in sorted(i for i in ids if i in cases and cases[i].task):
                     if [t.number for t in hits] != [cases[case_id].task]:
-                        wrong.append(f"{nodeid}（任务 {[t.number for t in hits]}）查 {case_id}（任务 {cases[case_id].task}）")
+                        got = [t.number for t in hits]
+                        wrong.append(f"{nodeid}（任务 {got}）查 {case_id}（任务 {cases[case_id].task}）")
     assert not wrong, "这些测试归的任务和它查的报错不是同一个（改测试名 test_taskK_… 或 tests/tasks.toml）：\n" + \
         "\n".join(wrong)

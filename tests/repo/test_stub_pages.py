@@ -92,7 +92,8 @@ def misplaced_stubs(ck, texts: dict[int, str]) -> list[str]:
     for s in stubs.find_stubs(ck):
         named = sorted(k for k, t in texts.items() if _mentions(t, _name(s.qualname)))
         if s.task is None or s.task.number not in named:
-            out.append(f"{s.key}：桩写的是任务 {s.task.number if s.task else '?'}，页面上点名它的是任务 {named or '（没有）'}")
+            label = s.task.number if s.task else "?"
+            out.append(f"{s.key}：桩写的是任务 {label}，页面上点名它的是任务 {named or '（没有）'}")
     return out
 
 
