@@ -2,11 +2,13 @@
 
 import importlib.util
 import shutil
+import subprocess
 
 import pytest
 import torch
 
 from minisgl.core import Batch
+from tests.harness.errors import run_cli
 
 
 def ready_batch(reqs, phase="prefill"):
@@ -38,3 +40,10 @@ def copy_model(src, dst, files=None):
         if files is None or f.name in files:
             shutil.copy(f, dst / f.name)
     return dst
+
+
+
+def cli(checkpoint, argv) -> subprocess.CompletedProcess:
+    """在本进程里按 __main__ 跑入口脚本（tests/harness/errors.py 的 run_cli），省掉起进程、import torch 的几秒；
+    结果和子进程一样交给 expect_exit。"""
+    return run_cli(checkpoint.entry_path, argv)

@@ -26,7 +26,9 @@ def test_task1_lengths_through_prefill_and_decode():
     assert lengths(r) == (5, 6, 8, 1, 2, True)
     assert len(r.input_ids) == 5  # 新 token 还没接上：append_host 是调用方的事
     r.append_host(torch.tensor([42], dtype=torch.int32))
-    assert len(r.input_ids) == 6 and r.input_ids[-1] == 42 and r.input_ids.dtype == torch.int32
+    assert len(r.input_ids) == 6
+    assert r.input_ids[-1] == 42
+    assert r.input_ids.dtype == torch.int32
     r.complete_one()  # 第 1 步 decode
     assert lengths(r) == (6, 7, 8, 1, 1, True)
     r.append_host(torch.tensor([43], dtype=torch.int32))

@@ -9,22 +9,20 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from tests.ch1.common import copy_model, load_generate, only_generate_of_ch1_ch2
-from tests.harness.contract import run_subprocess
+from tests.ch1.common import cli, copy_model, load_generate, only_generate_of_ch1_ch2
 from tests.harness.errors import expect_error, expect_exit
 
 
 def test_empty_prompt_is_refused(checkpoint, tiny_models):
     model = tiny_models[checkpoint.families[0]]
-    res = run_subprocess(checkpoint.entry_path, ["--model", str(model), "--prompt", "Hi", "--prompt", "",
-                                                  "--max-new-tokens", "2"])
+    res = cli(checkpoint, ["--model", str(model), "--prompt", "Hi", "--prompt", "", "--max-new-tokens", "2"])
     expect_exit("ch1/empty_prompt", res, prompt=repr(""))
 
 
 def test_missing_tokenizer_names_the_files(checkpoint, tiny_models, tmp_path):
     src = tiny_models[checkpoint.families[0]]
     model = copy_model(src, tmp_path / "m", {f.name for f in src.iterdir() if not f.name.startswith("tokenizer")})
-    res = run_subprocess(checkpoint.entry_path, ["--model", str(model), "--prompt", "Hi", "--max-new-tokens", "2"])
+    res = cli(checkpoint, ["--model", str(model), "--prompt", "Hi", "--max-new-tokens", "2"])
     expect_exit("ch1/missing_tokenizer", res)
 
 
@@ -45,5 +43,5 @@ def test_integer_weights_are_refused(checkpoint, tiny_models, tmp_path):
     weights = load_file(model / "model.safetensors")
     weights["model.norm.weight"] = weights["model.norm.weight"].round().to(torch.int8)
     save_file(weights, model / "model.safetensors")
-    res = run_subprocess(checkpoint.entry_path, ["--model", str(model), "--prompt", "Hi", "--max-new-tokens", "2"])
+    res = cli(checkpoint, ["--model", str(model), "--prompt", "Hi", "--max-new-tokens", "2"])
     expect_exit("ch1/integer_weights", res, tensor="model.norm.weight", dtype="int8")

@@ -94,7 +94,8 @@ def test_task1_state_dict_keys():
     b = Block()
     sd = b.state_dict()
     assert list(sd) == BLOCK_KEYS  # 按属性定义的顺序
-    assert sd["scale"] is b.scale and sd["layers.1.weight"] is b.layers.op_list[1].weight  # 不拷贝
+    assert sd["scale"] is b.scale  # 不拷贝
+    assert sd["layers.1.weight"] is b.layers.op_list[1].weight
     assert list(b.state_dict(prefix="model")) == [f"model.{k}" for k in BLOCK_KEYS]
     assert list(OPList([Leaf(1), Leaf(1)]).state_dict(prefix="layers")) == [
         "layers.0.weight", "layers.0.bias", "layers.1.weight", "layers.1.bias"]
@@ -112,7 +113,8 @@ def test_task1_load_consumes_and_replaces_without_copy():
         for part in k.split(".")[:-1]:
             obj = obj.op_list[int(part)] if isinstance(obj, OPList) else getattr(obj, part)
         assert getattr(obj, k.split(".")[-1]) is t  # 直接换成给的张量对象
-    assert b._helper.weight is helper_w and b.norm._cache is cache  # 下划线的不动
+    assert b._helper.weight is helper_w  # 下划线的不动
+    assert b.norm._cache is cache
 
 
 @pytest.mark.parametrize("key", ["norm.bias", "layers.1.weight", "scale"])
@@ -216,7 +218,8 @@ def ctx():
 
 def test_task2_lm_head_untied_prefill_takes_last_token(ctx):
     lm = ParallelLMHead(11, 8)
-    assert list(lm.state_dict()) == ["weight"] and tuple(lm.weight.shape) == (11, 8)
+    assert list(lm.state_dict()) == ["weight"]
+    assert tuple(lm.weight.shape) == (11, 8)
     w = torch.randn(11, 8)
     lm.load_state_dict({"weight": w})
     reqs = [make_req(3), make_req(6, cached_len=4, uid=1), make_req(1, uid=2)]  # extend_len = 3, 2, 1
@@ -252,7 +255,8 @@ def test_task2_lm_head_tied(ctx):
     w = torch.randn(11, 8)
     sd = {"embed.weight": w, "lm_head.weight": torch.zeros(11, 8)}  # 有的检查点多存一份：悄悄忽略
     m.load_state_dict(sd)
-    assert sd == {} and m.embed.weight is w
+    assert sd == {}
+    assert m.embed.weight is w
     m.lm_head.weight = torch.zeros(11, 8)  # 就算 lm_head 自己有个 weight 属性，也不该用它
     reqs = [make_req(4), make_req(2, uid=1)]
     x = torch.randn(6, 8)
@@ -282,7 +286,8 @@ def test_task2_rmsnorm_matches_hf(dtype):
     for shape in [(5, 16), (5, 3, 16)]:  # 3 维就是 q/k norm：每个头单独归一化
         x = (torch.randn(shape) * 3).to(dtype)
         y = norm.forward(x)
-        assert y.shape == x.shape and y.dtype == dtype
+        assert y.shape == x.shape
+        assert y.dtype == dtype
         with torch.no_grad():
             torch.testing.assert_close(y, hf(x), **tol)
 
@@ -346,7 +351,8 @@ def test_task2_rope_matches_hf(scaling, base):
     q, k = torch.randn(8, 4 * head_dim), torch.randn(8, 2 * head_dim)
     rope = RotaryEmbedding(head_dim, head_dim, max_pos, base, scaling)
     q2, k2 = rope.forward(positions, q, k)
-    assert q2.shape == q.shape and k2.shape == k.shape
+    assert q2.shape == q.shape
+    assert k2.shape == k.shape
     hq, hk = hf_rope(q, k, positions, head_dim, base, max_pos, scaling)
     torch.testing.assert_close(q2, hq, **TIGHT)
     torch.testing.assert_close(k2, hk, **TIGHT)
@@ -393,7 +399,8 @@ def test_task2_rope_keeps_dtype_and_accepts_heads_dim():
     torch.testing.assert_close(q2.reshape(3, 32), qf, **TIGHT)
     torch.testing.assert_close(k2.reshape(3, 16), kf, **TIGHT)
     qb, kb = rope.forward(positions, q.bfloat16(), k.bfloat16())
-    assert qb.dtype == kb.dtype == torch.bfloat16 and qb.shape == q.shape
+    assert qb.dtype == kb.dtype == torch.bfloat16
+    assert qb.shape == q.shape
     torch.testing.assert_close(qb.float(), q2, rtol=2e-2, atol=2e-2)
 
 

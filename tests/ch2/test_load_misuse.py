@@ -4,8 +4,7 @@ import json
 
 import pytest
 
-from tests.ch1.common import copy_model, load_generate, only_generate_of_ch1_ch2
-from tests.harness.contract import run_subprocess
+from tests.ch1.common import cli, copy_model, load_generate, only_generate_of_ch1_ch2
 from tests.harness.errors import expect_error, expect_exit
 
 
@@ -22,7 +21,7 @@ def test_config_smaller_than_weights_is_refused(checkpoint, tiny_models, tmp_pat
     config = json.loads((model / "config.json").read_text())
     config[field] = value
     (model / "config.json").write_text(json.dumps(config))
-    res = run_subprocess(checkpoint.entry_path, ["--model", str(model), "--prompt", "Hi", "--max-new-tokens", "2"])
+    res = cli(checkpoint, ["--model", str(model), "--prompt", "Hi", "--max-new-tokens", "2"])
     expect_exit("ch2/config_smaller_than_weights", res,
                 one_of=[dict(tensor=key, full=full, expected=want) for key, full, want in sorted(allowed)])
 

@@ -243,7 +243,8 @@ def recombine(key, shards, config):
         v_parts = [s[(nq + nkv) * d:] for s in shards]
         step = max(1, tp // config.num_kv_heads)  # KV 头少于 TP 份数时，相邻 step 个 rank 共用一个头的副本
         for r in range(tp):
-            assert torch.equal(k_parts[r], k_parts[r - r % step]) and torch.equal(v_parts[r], v_parts[r - r % step])
+            assert torch.equal(k_parts[r], k_parts[r - r % step])
+            assert torch.equal(v_parts[r], v_parts[r - r % step])
         return {key.replace("qkv_proj", "q_proj"): q,
                 key.replace("qkv_proj", "k_proj"): torch.cat(k_parts[::step]),
                 key.replace("qkv_proj", "v_proj"): torch.cat(v_parts[::step])}

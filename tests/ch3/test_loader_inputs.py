@@ -21,7 +21,7 @@ from transformers import AutoConfig
 from minisgl.models import ModelConfig, load_hf_config
 from minisgl.utils import TOKENIZER_FILES, load_tokenizer
 from tests.ch3.common import build_meta, config_of, load_into, op_of, refusals, stream
-from tests.harness.contract import run_subprocess
+from tests.ch1.common import cli
 from tests.harness.errors import check_error, expect_error, expect_exit
 
 
@@ -243,11 +243,11 @@ def test_cli_missing_tokenizer_files(checkpoint, tiny_models, tmp_path):
     path = copy_model(tiny_models, checkpoint.families[0], tmp_path)
     for f in TOKENIZER_FILES:
         (path / f).unlink(missing_ok=True)
-    res = run_subprocess(checkpoint.entry_path, ["--model", str(path), "--prompt", "Hello", "--max-new-tokens", "2"])
+    res = cli(checkpoint, ["--model", str(path), "--prompt", "Hello", "--max-new-tokens", "2"])
     expect_exit("ch3/cli_missing_tokenizer", res)
 
 
 def test_cli_empty_prompt(checkpoint, tiny_models):
-    res = run_subprocess(checkpoint.entry_path, ["--model", str(tiny_models[checkpoint.families[0]]),
-                                                 "--prompt", "Hello", "--prompt", "", "--max-new-tokens", "2"])
+    res = cli(checkpoint, ["--model", str(tiny_models[checkpoint.families[0]]), "--prompt", "Hello", "--prompt", "",
+                           "--max-new-tokens", "2"])
     expect_exit("ch3/cli_empty_prompt", res)

@@ -87,7 +87,8 @@ def test_task4_lm_head_tied_or_own(tiny_models, name):
     else:
         assert list(head) == ["weight"]
         assert torch.equal(head["weight"], hf_tensors(tiny_models[name])["lm_head.weight"])
-        assert head["weight"].data_ptr() != embed.data_ptr() and not torch.equal(head["weight"], embed)
+        assert head["weight"].data_ptr() != embed.data_ptr()
+        assert not torch.equal(head["weight"], embed)
 
 
 def test_task4_tied_checkpoint_with_extra_lm_head_is_ignored(tiny_models, tmp_path):
@@ -171,13 +172,15 @@ def test_task5_tp2_qwen3_untied_single_kv_head(tiny_models):
             qkv = sd[key]
             assert qkv.shape == ((2 + 1 + 1) * d, hidden)  # 4/2 个 q 头 + 复制来的 1 个 k 头 + 1 个 v 头
             q, k, v = qkv[:2 * d], qkv[2 * d:3 * d], qkv[3 * d:]
-            assert torch.equal(k, full_k) and torch.equal(v, full_v), layer
+            assert torch.equal(k, full_k), layer
+            assert torch.equal(v, full_v), layer
             blocks.append(q)
         assert torch.equal(torch.cat(blocks), full_q), layer
         assert not torch.equal(blocks[0], blocks[1])
     for key in ("model.embed_tokens.weight", "lm_head.weight"):
         half = hf[key].shape[0] // 2  # 词表行数是偶数：两份正好对半，不用补零
-        assert torch.equal(ranks[0][key], hf[key][:half]) and torch.equal(ranks[1][key], hf[key][half:]), key
+        assert torch.equal(ranks[0][key], hf[key][:half]), key
+        assert torch.equal(ranks[1][key], hf[key][half:]), key
 
 
 # ---------------------------------------------------------------- task6：出错时说清楚
@@ -216,7 +219,8 @@ def test_task6_rotary_inv_freq_is_skipped(tiny_models, tmp_path):
     loaded, _ = load(path)
     ref, _ = load(tiny_models["qwen3-tied"])
     a, b = loaded.state_dict(), ref.state_dict()
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 class UnpickleTrap:
@@ -436,7 +440,8 @@ def describe(r):
 def test_task7_streaming_peak_stays_near_one_copy(memory_runs, dtype):
     """流式加载（fp32 原样收下 / 边收边转 bf16）：匿名内存的峰值增长不到最终权重的 1.3 倍。"""
     r = memory_runs[f"stream/{dtype}"]
-    assert r["weights"] > 50 * 2**20 and r["samples"] > r["num_params"], describe(r)
+    assert r["weights"] > 50 * 2**20, describe(r)
+    assert r["samples"] > r["num_params"], describe(r)
     assert r["peak"] - r["base"] < 1.3 * r["weights"], describe(r)
 
 

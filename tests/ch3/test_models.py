@@ -59,7 +59,8 @@ def test_task1_config_fields(tiny_models, name):
     assert (c.rotary_config.head_dim, c.rotary_config.rotary_dim) == (e["head_dim"], e["head_dim"])
     assert (c.num_qo_heads, c.num_kv_heads) == (e["num_attention_heads"], e["num_key_value_heads"])
     assert c.tie_word_embeddings is e["tie_word_embeddings"]
-    assert c.rotary_config.base == e["rope_theta"] and isinstance(c.rotary_config.base, float)
+    assert c.rotary_config.base == e["rope_theta"]
+    assert isinstance(c.rotary_config.base, float)
     assert (c.num_layers, c.hidden_size, c.vocab_size, c.intermediate_size) == \
         (e["num_hidden_layers"], e["hidden_size"], e["vocab_size"], e["intermediate_size"])
     assert (c.hidden_act, c.rms_norm_eps, c.rotary_config.max_position) == \
@@ -69,7 +70,8 @@ def test_task1_config_fields(tiny_models, name):
 def test_task1_rope_scaling(tiny_models):
     """只有 llama3 带缩放（rope_type=llama3 和它的四个参数）；其余是默认 RoPE，scaling 为 None。"""
     scaling = config_of(tiny_models["llama3"]).rotary_config.scaling
-    assert isinstance(scaling, dict) and scaling["rope_type"] == "llama3"
+    assert isinstance(scaling, dict)
+    assert scaling["rope_type"] == "llama3"
     want = spec("llama3")["rope_scaling"]
     for key in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"):
         assert scaling[key] == want[key], key

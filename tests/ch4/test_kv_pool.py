@@ -67,7 +67,9 @@ def storage_ptr(t):
 def test_task1_shapes_dtype_device(tp1):
     pool = make_pool(num_pages=5, page_size=4, dtype=torch.float16)
     assert isinstance(pool, BaseKVCachePool)
-    assert pool.num_layers == LAYERS and pool.dtype == torch.float16 and pool.device == torch.device("cpu")
+    assert pool.num_layers == LAYERS
+    assert pool.dtype == torch.float16
+    assert pool.device == torch.device("cpu")
     for layer in range(LAYERS):
         assert tuple(pool.k_cache(layer).shape) == (5, 4, H_KV, D)
         assert tuple(pool.v_cache(layer).shape) == (5, 4, H_KV, D)
@@ -126,7 +128,8 @@ def test_task1_many_stores_never_reallocate(tp1):
         val = torch.full((1, H_KV * D), float(step))
         for layer in range(LAYERS):
             pool.store_kv(val, -val, torch.tensor([slot], dtype=torch.int32), layer)
-        assert storage_ptr(pool.k_cache(LAYERS - 1)) == ptr and storage_ptr(pool.v_cache(0)) == ptr
+        assert storage_ptr(pool.k_cache(LAYERS - 1)) == ptr
+        assert storage_ptr(pool.v_cache(0)) == ptr
         assert torch.all(views[0][slot // 2, slot % 2] == float(step))  # 早先拿到的视图也看得见新写入
         assert torch.all(pool.v_cache(2)[slot // 2, slot % 2] == -float(step))
 
@@ -144,7 +147,8 @@ def test_task1_page_size_does_not_change_the_flat_layout(tp1):
         pool.store_kv(k, v, slots, layer)
         assert tuple(pool.k_cache(layer).shape) == (total // ps, ps, H_KV, D)
         flats.append(snapshot(pool))
-    assert torch.equal(flats[0], flats[1]) and torch.equal(flats[0], flats[2])
+    assert torch.equal(flats[0], flats[1])
+    assert torch.equal(flats[0], flats[2])
     assert torch.equal(flats[0][0, layer, slots].reshape(20, -1), k)
 
 
@@ -168,7 +172,8 @@ def test_task1_create_kvcache_pool_from_model_config(tp1, tiny_models):
 
     config = ModelConfig.from_hf(AutoConfig.from_pretrained(tiny_models["qwen3-untied"]))
     pool = create_kvcache_pool(config, 7, 3, torch.float32, torch.device("cpu"))
-    assert isinstance(pool, BaseKVCachePool) and pool.num_layers == config.num_layers
+    assert isinstance(pool, BaseKVCachePool)
+    assert pool.num_layers == config.num_layers
     assert tuple(pool.v_cache(0).shape) == (7, 3, config.num_kv_heads, config.head_dim) == (7, 3, 1, 24)
 
 
@@ -241,7 +246,8 @@ def test_task2_generation_writes_only_new_slots(tp1, global_ctx, tiny_models, ch
             assert storage_ptr(ctx.kv_cache.v_cache(config.num_layers - 1)) == buffer_ptr
             changed = (after != before).flatten(3).any(-1)  # (2, 层数, 槽位数)
             out_loc = sorted(batch.out_loc.tolist())
-            assert len(set(out_loc)) == new_tokens and not used_slots & set(out_loc)
+            assert len(set(out_loc)) == new_tokens
+            assert not used_slots & set(out_loc)
             for kv in range(2):
                 for layer in range(config.num_layers):
                     got = changed[kv, layer].nonzero().flatten().tolist()

@@ -72,8 +72,10 @@ def test_store_then_gather(case):
         for s in range(num_pages * page_size):
             if (layer, s) in expected:
                 k, v = expected[layer, s]
-                assert torch.equal(k_all[s], k) and torch.equal(v_all[s], v), (layer, s)
+                assert torch.equal(k_all[s], k), (layer, s)
+                assert torch.equal(v_all[s], v), (layer, s)
                 page, offset = divmod(s, page_size)
                 assert torch.equal(pool.k_cache(layer)[page, offset], k)
             else:
-                assert k_all[s].isnan().all() and v_all[s].isnan().all(), (layer, s)
+                assert k_all[s].isnan().all(), (layer, s)
+                assert v_all[s].isnan().all(), (layer, s)

@@ -208,11 +208,14 @@ def run_case(case: AttnCase, device: str = "cpu", backend_name: str = "torch") -
         used = torch.zeros(len(k_pool), dtype=torch.bool)
         for r, k_full, v_full in zip(reqs, k_fulls, v_fulls):
             slots = ctx.page_table[r.table_idx, :r.device_len].long().cpu()
-            assert torch.equal(k_pool[slots], k_full) and torch.equal(v_pool[slots], v_full)
+            assert torch.equal(k_pool[slots], k_full)
+            assert torch.equal(v_pool[slots], v_full)
             used[slots] = True
-        assert k_pool[~used].isnan().all() and v_pool[~used].isnan().all()
+        assert k_pool[~used].isnan().all()
+        assert v_pool[~used].isnan().all()
         other = 1 - case.layer
-        assert pool.k_cache(other).isnan().all() and pool.v_cache(other).isnan().all()
+        assert pool.k_cache(other).isnan().all()
+        assert pool.v_cache(other).isnan().all()
 
         last = batch.attn_metadata.get_last_indices(n)
         assert last.tolist() == [b - 1 for b in bounds[1:]]  # 每个请求最后一个新 token 的行号
@@ -248,9 +251,11 @@ def small_env():
 def test_task1_torch_backend_by_name(small_env):
     """"torch" 建出纯 PyTorch 后端；"torch,torch" 两个名字相同，也只是一个 TorchBackend，不套 HybridBackend。"""
     b = create_attention_backend("torch", make_config())
-    assert type(b) is TorchBackend and isinstance(b, BaseAttnBackend)
+    assert type(b) is TorchBackend
+    assert isinstance(b, BaseAttnBackend)
     b2 = create_attention_backend("torch,torch", make_config())
-    assert type(b2) is TorchBackend and not isinstance(b2, HybridBackend)
+    assert type(b2) is TorchBackend
+    assert not isinstance(b2, HybridBackend)
 
 
 def test_task1_same_name_twice_builds_one_backend(small_env, monkeypatch):

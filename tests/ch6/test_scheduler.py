@@ -82,7 +82,9 @@ def test_add_req_states_the_length_rule(engine):
     for phase in ("prefill", "decode", "decode", "decode"):
         batch = prepare_batch(engine, table, cache, [r], phase)
         process_output(table, cache, [r], engine.forward_batch(batch, engine.sampler.prepare(batch)))
-    assert r.max_device_len == 25 and not r.can_decode and table.available_size == 3
+    assert r.max_device_len == 25
+    assert not r.can_decode
+    assert table.available_size == 3
 
 
 def test_table_rows_run_out_and_free_twice(engine):
@@ -136,7 +138,8 @@ def test_slots_are_unique_and_inside_the_pool(engine, lens, steps):
             r.complete_one()
         cache.allocate_paged(reqs)
     slots = [s for r in reqs for s in engine.page_table[r.table_idx, :r.device_len].tolist()]
-    assert len(set(slots)) == len(slots) and all(0 <= s < engine.num_pages * ps for s in slots)
+    assert len(set(slots)) == len(slots)
+    assert all(0 <= s < engine.num_pages * ps for s in slots)
     used = sum(div_ceil(r.device_len, ps) for r in reqs)
     assert len(cache.free_slots) == engine.num_pages - used
     for r in reqs:
@@ -153,11 +156,13 @@ def test_round_trip_returns_logits_and_frees_rows(engine):
     for phase in ("prefill", "decode", "decode"):
         batch = prepare_batch(engine, table, cache, reqs, phase)
         out = engine.forward_batch(batch, engine.sampler.prepare(batch))
-        assert isinstance(out, ForwardOutput) and out.logits.shape == (2, 1024)
+        assert isinstance(out, ForwardOutput)
+        assert out.logits.shape == (2, 1024)
         assert out.logits.argmax(-1).tolist() == out.next_tokens_cpu.tolist()  # 贪心：token 就是这份 logits 的 argmax
         tokens = process_output(table, cache, reqs, out)
         assert [r.input_ids[-1].item() for r in reqs] == tokens
-    assert table.available_size == 3 and len(cache.free_slots) == engine.num_pages, "生成完的请求交还行和页"
+    assert table.available_size == 3, "生成完的请求交还行和页"
+    assert len(cache.free_slots) == engine.num_pages, "生成完的请求交还行和页"
     row = reqs[0].table_idx
     with expect_error("ch6/row_pages_mismatch", uid=0, row=row, pages=0):  # 生成完的请求交还了行和页，不能再送进来
         prepare_batch(engine, table, cache, reqs, "decode")
@@ -198,5 +203,6 @@ def test_num_pages_counts_this_ranks_kv_heads(tiny_models, monkeypatch, tp):
         fake = SimpleNamespace(device=torch.device("cpu"), dtype=torch.float32)
         return Engine._determine_num_pages(fake, config)
 
-    assert mc.num_kv_heads == 2 and pages(1) == 100
+    assert mc.num_kv_heads == 2
+    assert pages(1) == 100
     assert pages(tp) == 200

@@ -126,7 +126,7 @@ def expect_exit(case_id: str, res: subprocess.CompletedProcess, **values) -> str
 
 def run_cli(entry: Path, argv: list[str]) -> subprocess.CompletedProcess:
     """在当前进程里按 __main__ 运行入口脚本（省掉起进程、import torch 的几秒），结果和子进程一样交给 expect_exit：
-    sys.exit("错误：…") 的消息进 stderr；漏出来的异常写成 Traceback，和真的子进程一样。"""
+    sys.exit("错误：…") 的消息进 stderr；漏出来的异常写成 Traceback，和真的子进程一样。跑完清掉 minisgl 的全局状态。"""
     out, err = io.StringIO(), io.StringIO()
     old_argv, code = sys.argv, 0
     sys.argv = [str(entry), *argv]
@@ -144,4 +144,14 @@ def run_cli(entry: Path, argv: list[str]) -> subprocess.CompletedProcess:
         code = 1
     finally:
         sys.argv = old_argv
+        _reset_minisgl_globals()
     return subprocess.CompletedProcess([str(entry), *argv], code, out.getvalue(), err.getvalue())
+
+
+def _reset_minisgl_globals() -> None:
+    """出错时入口脚本可能没来得及清理全局 Context 和 TP 身份（子进程里进程一退出就没了）：这里清掉，后面的测试不受影响。
+    只清已经 import 了的（第 0 步没有 minisgl，第 1 章还没有 TP 身份）。"""
+    for module, reset in (("minisgl.core", "reset_global_ctx"), ("minisgl.distributed", "reset_tp_info")):
+        fn = getattr(sys.modules.get(module), reset, None)
+        if fn is not None:
+            fn()
