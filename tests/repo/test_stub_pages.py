@@ -160,7 +160,12 @@ def signature_mismatches(ck, section: str) -> list[str]:
 
 @pytest.mark.parametrize("ck", CHECKPOINTS, ids=lambda c: c.name)
 def test_page_signatures_use_the_stubs_parameter_names(ck):
-    bad = signature_mismatches(ck, _task_section(ck.chapter))
+    """「任务」一节的正文，加上构建时渲染进去的报错表（tests/chN/errors.toml 的"情形"）。"""
+    from tools import error_cases
+
+    folder = f"ch{ck.chapter}" if ck.chapter else "checkpoint"
+    tables = "\n".join(c.when for c in error_cases.load(folder).values())
+    bad = signature_mismatches(ck, _task_section(ck.chapter) + "\n" + tables)
     assert not bad, "页面「任务」一节写的签名和桩的参数名不一样：\n" + "\n".join(bad)
 
 
