@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import resource
 import shutil
 import subprocess
@@ -34,15 +35,19 @@ def cpu_name() -> str:
            f"{os.cpu_count()} 核"
 
 
-def timed(cmd: list[str], cwd: Path) -> tuple[float, float, int]:
-    """(墙钟秒数, 子进程 CPU 秒数, 退出码)。"""
+JOB = re.compile(r"^(?:通过|失败)\s+(.+?): .*（(\d+) s）$", re.M)
+
+
+def timed(cmd: list[str], cwd: Path) -> tuple[float, float, int, str]:
+    """(墙钟秒数, 子进程 CPU 秒数, 退出码, 各份进程各用了几秒)。"""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    res = subprocess.run(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    res = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return wall, cpu, res.returncode
+    jobs = "、".join(f"{name} {secs}" for name, secs in JOB.findall(res.stdout))
+    return wall, cpu, res.returncode, jobs
 
 
 def warm_kernel(repo: Path, dest: Path) -> None:
@@ -53,7 +58,7 @@ def warm_kernel(repo: Path, dest: Path) -> None:
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def measure(repo: Path, tag: str, tasks: bool, work: Path) -> list[tuple[str, float, float, int]]:
+def measure(repo: Path, tag: str, tasks: bool, work: Path) -> list[tuple]:
     ck = next(c for c in load_manifest() if c.name.split("_")[0] == tag)
     dest = work / f"my_{tag}"
     shutil.copytree(repo / ck.name, dest, ignore=shutil.ignore_patterns("__pycache__"))
@@ -75,11 +80,11 @@ def main(argv: list[str] | None = None) -> int:
     tags = args.chapters or [c.name.split("_")[0] for c in load_manifest() if c.chapter >= 1]
     load = os.getloadavg()
     print(f"{cpu_name()}；开始时的负载 {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}；仓库 {args.repo}\n")
-    print("| 章 | 跑了什么 | 墙钟 s | 子进程 CPU s | 退出码 |\n|---|---|---|---|---|")
+    print("| 章 | 跑了什么 | 墙钟 s | 子进程 CPU s | 退出码 | 各份进程（s） |\n|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory(prefix="time_check_") as d:
         for tag in tags:
-            for what, wall, cpu, rc in measure(args.repo.resolve(), tag, args.tasks, Path(d)):
-                print(f"| {tag} | {what} | {wall:.0f} | {cpu:.0f} | {rc} |", flush=True)
+            for what, wall, cpu, rc, jobs in measure(args.repo.resolve(), tag, args.tasks, Path(d)):
+                print(f"| {tag} | {what} | {wall:.0f} | {cpu:.0f} | {rc} | {jobs} |", flush=True)
     return 0
 
 
