@@ -77,3 +77,10 @@ def test_task6_hostile_input_is_one_error_line(checkpoint, tiny_models, tmp_path
         reset_global_ctx()  # 出错时入口脚本可能没来得及清理
         reset_tp_info()
     expect_exit(case_id, res, **{k: str(v).replace("{m}", str(model)) for k, v in values.items()})
+
+
+def test_task6_tp1_errors_read_like_tp_n(checkpoint, tiny_models):
+    """--num-pages 1：池只有一页，add_req 放不下。--tp 1 出错时和 --tp N（test_tensor_parallel_procs.py）一样只打印
+    错误：…，不是裸的回溯。"""
+    res = run_cli(checkpoint.entry_path, ["--model", str(tiny_models[MODEL]), "--prompt", "Hello", "--num-pages", "1"])
+    expect_exit("ch6/cli_pool_too_small", res)

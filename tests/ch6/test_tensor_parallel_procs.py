@@ -31,7 +31,7 @@ from safetensors.torch import load_file
 from minisgl.distributed import DistributedInfo, try_get_tp_info
 from minisgl.engine import Engine, EngineConfig
 from tools.manifest import PROMPTS, TINY_NEW_TOKENS
-from tests.harness.errors import expect_error, expect_exit, run_cli
+from tests.harness.errors import expect_error, expect_exit
 from tests.harness.reference import hf_greedy, load_tokenizer
 from tests.harness.report import mismatch_report
 
@@ -126,13 +126,6 @@ def test_worker_error_reaches_parent(checkpoint, tiny_models, port, tmp_path):
                        TMPDIR=str(tmp_path))
     expect_exit("ch6/cli_tp_worker_error", res, tp=2)
     assert not list(tmp_path.glob("pytorch-errorfile-*")), list(tmp_path.iterdir())
-
-
-def test_tp1_errors_read_like_tp_n(checkpoint, tiny_models):
-    """--tp 1 出错时和 --tp N 一样只打印 错误：…，不是裸的回溯。--tp 1 不起进程：在本进程里按 __main__ 跑（run_cli）。"""
-    res = run_cli(checkpoint.entry_path, ["--model", str(tiny_models["qwen3-tied"]), "--prompt", "Hello",
-                                          "--num-pages", "1"])
-    expect_exit("ch6/cli_pool_too_small", res)
 
 
 SLEEPER = """
