@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ast
 import fnmatch
+import html
 from dataclasses import dataclass
 
 from tools.manifest import Checkpoint, Task, checkpoint_files, is_given, keep_symbols, load_manifest, load_tasks, match
@@ -162,6 +163,13 @@ def _signature(s: Stub) -> str:
     return f"{name}({args}){ret}"
 
 
+def table_code(text: str) -> str:
+    """表格单元格里的行内代码。类型注解里的 | 在反引号里转义不了（会显示成 \\|）：写成 <code>，| 用实体。"""
+    if "|" not in text:
+        return f"`{text}`"
+    return "<code>" + html.escape(text).replace("|", "&#124;") + "</code>"
+
+
 def interface_table(ck: Checkpoint) -> str:
     """本章要写的公开接口（名字不以 _ 开头，__init__ 除外），按任务分组的 Markdown 表。"""
     rows = ["| 任务 | 文件 | 接口 | 说明 |", "|---|---|---|---|"]
@@ -169,8 +177,7 @@ def interface_table(ck: Checkpoint) -> str:
         if any(part.startswith("_") and part != "__init__" for part in s.qualname.split(".")):
             continue
         doc = (ast.get_docstring(s.node) or "").strip().splitlines()
-        sig = _signature(s).replace("|", "\\|")
         task = f"{s.task.number}" if s.task else "?"
         line = (doc[0] if doc else "").replace("|", "\\|")
-        rows.append(f"| {task} | `{s.file}` | `{sig}` | {line} |")
+        rows.append(f"| {task} | `{s.file}` | {table_code(_signature(s))} | {line} |")
     return "\n".join(rows)
