@@ -234,3 +234,22 @@ def test_given_code_tests_are_a_row_of_their_own_and_not_in_own_or_a_task():
     table, _ = progress_table(results, 6)
     rows = [line for line in table.splitlines()[1:]]
     assert "给定代码自己的测试" in rows[-1] and all("任务" in r for r in rows[:-1]), table
+
+
+def test_task_and_own_run_the_real_tier_only_when_asked(capsys):
+    """--own 从不跑真权重一档；--task K 只在任务 K 含它、并且明说了 --real 时跑；不跑时说为什么。"""
+    import argparse
+
+    from tools.manifest import find_checkpoint
+    from tools.run_tests import _real_tier
+
+    ck = find_checkpoint("ch6")
+
+    def decide(**kw):
+        args = argparse.Namespace(**{"real": False, "real_if_present": True, "own": False, "task": None, **kw})
+        return _real_tier(args, ck), capsys.readouterr().out
+
+    for kw, said in [(dict(own=True), "--own"), (dict(task=7), "任务 7 不含它"), (dict(task=6), "任务 6 含它，")]:
+        ran, out = decide(**kw)
+        assert not ran, kw
+        assert said in out, out
