@@ -95,7 +95,10 @@ def main(argv: list[str] | None = None) -> None:
     for p, ids in zip(args.prompt, prompt_ids):
         if not ids:
             raise SystemExit(f"错误：--prompt {p!r} 分词后一个 token 也没有，没法生成")
-    model.load(args.model)
+    try:
+        model.load(args.model)
+    except ValueError as e:  # 坏权重（比如整数张量）：一行说清楚是哪个张量，不打印回溯
+        raise SystemExit(f"错误：{e}") from None
     ctx = Context(page_size=args.page_size)
     set_global_ctx(ctx)
     ctx.kv_cache = NaiveKVCache(model.cfg["num_hidden_layers"])

@@ -104,7 +104,10 @@ def main(argv: list[str] | None = None) -> None:
     ctx = Context(page_size=args.page_size)
     set_global_ctx(ctx)
     try:
-        model = load_model(args.model)
+        try:
+            model = load_model(args.model)
+        except ValueError as e:  # config 和权重对不上、坏权重：一行说清楚是哪个张量，不打印回溯
+            raise SystemExit(f"错误：{e}") from None
         ctx.kv_cache = NaiveKVCache(len(model.model.layers.op_list))
         with torch.inference_mode():
             t0 = time.perf_counter()

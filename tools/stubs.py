@@ -5,7 +5,7 @@ python course.py start ch4 复制上一章的检查点（目录的事在 tools/w
 签名、类型注解、docstring（含形状约定）、模块级的 import 和常量、类的字段都原样保留，函数体换成
 raise NotImplementedError("第 4 章 · 任务 K：名字")。哪些函数体保留：
 
-- 只有 ... / pass 的（抽象方法、协议）：它们本来就没有实现；
+- 只有 ... / pass / raise NotImplementedError 的（抽象方法、协议、基类的默认实现）：它们本来就没有实现；
 - 只把参数存成属性的 __init__：脚手架，不是本章要学的；
 - 函数体和上一章同一文件里的同名函数一模一样（只改了签名也算）：上一章已经写过；
 - tests/tasks.toml 的 keep（命令行解析）：测试要靠它驱动，和本章的想法无关。
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ast
 import fnmatch
+import html
 from dataclasses import dataclass
 
 from tools.manifest import Checkpoint, Task, checkpoint_files, is_given, keep_symbols, load_manifest, load_tasks, match
@@ -66,9 +67,16 @@ def body(node) -> list[ast.stmt]:
     return body
 
 
+def _is_abstract(s: ast.stmt) -> bool:
+    """raise NotImplementedError(...)：基类的默认实现本来就是"子类来写"，不是本章要写的。"""
+    exc = s.exc if isinstance(s, ast.Raise) else None
+    target = exc.func if isinstance(exc, ast.Call) else exc
+    return isinstance(target, ast.Name) and target.id == "NotImplementedError"
+
+
 def _is_empty(node) -> bool:
-    return all(isinstance(s, ast.Pass) or (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant)
-                                            and s.value.value is Ellipsis) for s in body(node))
+    return all(isinstance(s, ast.Pass) or _is_abstract(s) or (isinstance(s, ast.Expr) and isinstance(
+        s.value, ast.Constant) and s.value.value is Ellipsis) for s in body(node))
 
 
 def _only_stores(node) -> bool:
@@ -155,6 +163,13 @@ def _signature(s: Stub) -> str:
     return f"{name}({args}){ret}"
 
 
+def table_code(text: str) -> str:
+    """表格单元格里的行内代码。类型注解里的 | 在反引号里转义不了（会显示成 \\|）：写成 <code>，| 用实体。"""
+    if "|" not in text:
+        return f"`{text}`"
+    return "<code>" + html.escape(text).replace("|", "&#124;") + "</code>"
+
+
 def interface_table(ck: Checkpoint) -> str:
     """本章要写的公开接口（名字不以 _ 开头，__init__ 除外），按任务分组的 Markdown 表。"""
     rows = ["| 任务 | 文件 | 接口 | 说明 |", "|---|---|---|---|"]
@@ -162,8 +177,7 @@ def interface_table(ck: Checkpoint) -> str:
         if any(part.startswith("_") and part != "__init__" for part in s.qualname.split(".")):
             continue
         doc = (ast.get_docstring(s.node) or "").strip().splitlines()
-        sig = _signature(s).replace("|", "\\|")
         task = f"{s.task.number}" if s.task else "?"
         line = (doc[0] if doc else "").replace("|", "\\|")
-        rows.append(f"| {task} | `{s.file}` | `{sig}` | {line} |")
+        rows.append(f"| {task} | `{s.file}` | {table_code(_signature(s))} | {line} |")
     return "\n".join(rows)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from tools.manifest import Task, load_tasks, match
+from tools.manifest import Task, is_given_test, load_tasks, match
 
 
 def chapter_of_test(nodeid: str, chapter: int) -> int:
@@ -34,7 +34,8 @@ def progress_table(results: dict[str, dict], chapter: int, reason_chars: int = 1
                    only_task: int | None = None) -> tuple[str, bool]:
     """results 是 tests/harness/progress.py 写的 {node id: {outcome, reason}}。返回（按任务的进度表, 是否全部通过）。
 
-    本章每个任务一行；前面各章的测试（回归）每章一行；归不到任务的测试和收集错误单独成行，也算失败。
+    本章每个任务一行；给定代码自己的测试（tests/tasks.toml 的 given_tests）一行，排在任务之后；前面各章的测试（回归）
+    每章一行；归不到任务的测试和收集错误单独成行，也算失败。
     only_task（check 的 --task K）：只列这个任务，别的任务没跑，不算"没有测试"。
     """
     all_tasks = load_tasks()
@@ -52,6 +53,8 @@ def progress_table(results: dict[str, dict], chapter: int, reason_chars: int = 1
             task = task_of_test(all_tasks, nodeid, chapter)
             if task is None:
                 key, title = "未归类", "未归类的测试（tests/tasks.toml 里没有任务管它）"
+            elif ch == chapter and is_given_test(chapter, nodeid):
+                key, title, task = "给定", "给定代码自己的测试（不是你要写的）", None
             elif ch != chapter:
                 key, title = f"第 {ch} 章", f"第 {ch} 章的测试（回归）"
             else:
@@ -67,7 +70,8 @@ def progress_table(results: dict[str, dict], chapter: int, reason_chars: int = 1
         if r["outcome"] in ("failed", "error") and (not row["first"] or (own and not row.get("own"))):
             reason = r["reason"] if len(r["reason"]) <= reason_chars else r["reason"][:reason_chars] + "…"
             row["first"], row["own"] = f"{nodeid.split('/')[-1]}：{reason}", own
-    order.sort(key=lambda k: (k.startswith("第") and "任务" not in k, k in ("未归类", "收集错误")))
+    order.sort(key=lambda k: 3 if k in ("未归类", "收集错误") else 2 if k.startswith("第") and "任务" not in k
+               else 1 if k == "给定" else 0)  # 本章的任务、给定代码的测试、回归、归不了类的
     width = max(_width(rows[k]["title"]) for k in order) + 2 if order else 10
     lines = [_pad("任务", width + 2) + _pad("通过", 12) + "第一个没通过的测试：原因"]
     ok_all = bool(order)

@@ -2,10 +2,12 @@
 
 import importlib.util
 import shutil
+import subprocess
 
 import pytest
 
 from tests.harness.batch import make_batch as ready_batch  # noqa: F401  字段都填好的 batch，和 generate.py 的 step 建的一样
+from tests.harness.errors import run_cli
 
 
 def only_generate_of_ch1_ch2(checkpoint):
@@ -28,3 +30,9 @@ def copy_model(src, dst, files=None):
         if files is None or f.name in files:
             shutil.copy(f, dst / f.name)
     return dst
+
+
+def cli(checkpoint, argv) -> subprocess.CompletedProcess:
+    """在本进程里按 __main__ 跑入口脚本（tests/harness/errors.py 的 run_cli），省掉起进程、import torch 的几秒；
+    结果和子进程一样交给 expect_exit。"""
+    return run_cli(checkpoint.entry_path, argv)

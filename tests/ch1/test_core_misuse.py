@@ -8,6 +8,7 @@ import math
 import pytest
 
 from minisgl.core import Context, SamplingParams
+from tests.harness.errors import expect_error
 
 
 @pytest.mark.parametrize("field, value", [
@@ -17,10 +18,8 @@ from minisgl.core import Context, SamplingParams
     ("max_tokens", 0), ("max_tokens", -3), ("max_tokens", 4.0),
 ])
 def test_sampling_params_out_of_range(field, value):
-    with pytest.raises(ValueError) as e:
+    with expect_error("ch1/sampling_param", field=field, value=repr(value)):
         SamplingParams(**{field: value})
-    msg = str(e.value)
-    assert f"SamplingParams.{field}" in msg and repr(value) in msg, msg
 
 
 @pytest.mark.parametrize("kw", [dict(temperature=0.0), dict(temperature=2.5, top_k=1), dict(top_k=-1, top_p=0.0),
@@ -31,6 +30,5 @@ def test_sampling_params_in_range_accepted(kw):
 
 @pytest.mark.parametrize("bad_size", [0, -4, 1.5, "4", True])
 def test_context_page_size_must_be_a_positive_int(bad_size):
-    with pytest.raises(ValueError) as e:
+    with expect_error("ch1/context_page_size", value=repr(bad_size)):
         Context(page_size=bad_size)
-    assert "page_size" in str(e.value) and repr(bad_size) in str(e.value)

@@ -1,16 +1,11 @@
 """第 2 章：加载时 config 和权重对不上要报错并说出张量；超出 RoPE 表的位置在建 Req 时就拒绝。"""
 
 import json
-import re
 
 import pytest
 
-from tests.ch1.common import copy_model, load_generate, only_generate_of_ch1_ch2
-from tests.harness.contract import run_subprocess
-
-# 第 2 章的 load_model 说"张量 KEY："，第 3 章起的加载器说"FILE 里的 KEY（引擎里的 NAME）："
-SHARD_ERROR = re.compile(r"(?:张量 |里的 )(\S+?)(?:（引擎里的 \S+?）)?："
-                         r"检查点里的形状是 (\(.*?\))，按 config 应当是 (\(.*?\))")
+from tests.ch1.common import cli, copy_model, load_generate, only_generate_of_ch1_ch2
+from tests.harness.errors import expect_error, expect_exit
 
 
 @pytest.mark.parametrize("field, value, allowed", [
@@ -26,16 +21,14 @@ def test_config_smaller_than_weights_is_refused(checkpoint, tiny_models, tmp_pat
     config = json.loads((model / "config.json").read_text())
     config[field] = value
     (model / "config.json").write_text(json.dumps(config))
-    res = run_subprocess(checkpoint.entry_path, ["--model", str(model), "--prompt", "Hi", "--max-new-tokens", "2"])
-    assert res.returncode != 0
-    m = SHARD_ERROR.search(res.stderr)
-    assert m and m.groups() in allowed, res.stderr[-2000:]
+    res = cli(checkpoint, ["--model", str(model), "--prompt", "Hi", "--max-new-tokens", "2"])
+    expect_exit("ch2/config_smaller_than_weights", res,
+                one_of=[dict(tensor=key, full=full, expected=want) for key, full, want in sorted(allowed)])
 
 
 def test_positions_past_the_rope_table_are_refused(checkpoint):
     only_generate_of_ch1_ch2(checkpoint)
     gen = load_generate(checkpoint)
     gen.make_req([1, 2], 511, 0, 1024, 512)  # 用到的最后一个位置是 511：正好在表里
-    with pytest.raises(ValueError) as e:
+    with expect_error("ch2/max_position", max_position=512):
         gen.make_req([1, 2], 512, 0, 1024, 512)
-    assert "max_position_embeddings=512" in str(e.value)

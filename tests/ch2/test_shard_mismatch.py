@@ -6,7 +6,6 @@
 
 from contextlib import contextmanager
 
-import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -14,6 +13,7 @@ from hypothesis import strategies as st
 from minisgl.distributed import reset_tp_info, set_tp_info
 from minisgl.layers import (LinearColParallelMerged, LinearOProj, LinearQKVMerged, LinearReplicated,
                             LinearRowParallel, ParallelLMHead, VocabParallelEmbedding)
+from tests.harness.errors import expect_error
 
 FIELDS = ["hidden", "inter", "heads", "kv_heads", "head_dim", "vocab"]
 
@@ -75,7 +75,7 @@ def config_and_checkpoint(draw):
 
 @settings(max_examples=120, deadline=None)
 @given(config_and_checkpoint())
-def test_shard_refuses_config_that_disagrees_with_checkpoint(case):
+def test_task3_shard_refuses_config_that_disagrees_with_checkpoint(case):
     tp, config, ckpt = case
     tensors, expected = full_tensors(ckpt), full_tensors(config)
     assert any(t.shape != expected[n][0].shape for n, (t, _, _) in tensors.items()) == (config != ckpt)
@@ -85,10 +85,8 @@ def test_shard_refuses_config_that_disagrees_with_checkpoint(case):
         for name, (full, op_name, part) in tensors.items():
             op, want = layers[op_name], tuple(expected[name][0].shape)
             if tuple(full.shape) != want:
-                with pytest.raises(ValueError) as e:
+                with expect_error("ch2/shard_shape", full=tuple(full.shape), expected=want):
                     op.shard(full, part)
-                msg = str(e.value)
-                assert str(tuple(full.shape)) in msg and str(want) in msg, (name, msg)
             else:
                 local = op.shard(full, part)
                 assert local.shape[0] == local_rows(op, part, full), name

@@ -19,6 +19,7 @@ from minisgl.layers import (AttentionLayer, LinearColParallelMerged, LinearOProj
 from minisgl.utils import div_ceil, div_even
 from tests.ch2.common import TIGHT
 from tests.harness.batch import make_batch, make_req
+from tests.harness.errors import expect_error
 
 
 class FakeComm(DistributedImpl):
@@ -92,17 +93,18 @@ def randn(*shape, g):
 # ---------------------------------------------------------------- task3：TP 身份
 
 def test_task3_tp_info_rules():
-    with pytest.raises(RuntimeError):
+    with expect_error("ch2/tp_info_unset"):
         get_tp_info()
     set_tp_info(1, 4)
     try:
-        assert get_tp_info() == DistributedInfo(1, 4) and not get_tp_info().is_primary()
-        with pytest.raises(RuntimeError):
+        assert get_tp_info() == DistributedInfo(1, 4)
+        assert not get_tp_info().is_primary()
+        with expect_error("ch2/tp_info_twice"):
             set_tp_info(0, 4)  # 不许悄悄覆盖
     finally:
         reset_tp_info()
     for bad in [(4, 4), (-1, 2)]:
-        with pytest.raises(ValueError):
+        with expect_error("ch2/tp_info_rank"):
             DistributedInfo(*bad)
 
 
@@ -277,11 +279,12 @@ def test_task3_parallel_lm_head(V, tp, batch, tied, comm):
 # ---------------------------------------------------------------- task4：整除的规则
 
 def test_task4_div_even():
-    assert div_even(12, 4) == 3 and div_even(7, 1) == 7 and div_even(4, 4) == 1
-    with pytest.raises(ValueError) as e:
+    assert div_even(12, 4) == 3
+    assert div_even(7, 1) == 7
+    assert div_even(4, 4) == 1
+    with expect_error("ch2/div_even", a=22, b=7):
         div_even(22, 7)
-    assert "22" in str(e.value) and "7" in str(e.value)
-    with pytest.raises(ValueError):
+    with expect_error("ch2/div_even", a=2, b=4):
         div_even(2, 4)  # 不许复制时，份数多于个数也是不整除
 
 
@@ -290,10 +293,9 @@ def test_task4_div_even_allow_replicate():
     assert div_even(1, 8, allow_replicate=True) == 1
     assert div_even(8, 4, allow_replicate=True) == 2  # 够分时照常平分
     assert div_even(4, 4, allow_replicate=True) == 1
-    with pytest.raises(ValueError) as e:
+    with expect_error("ch2/div_even", a=3, b=4):
         div_even(3, 4, allow_replicate=True)  # 4 份没法均匀复制 3 个头
-    assert "3" in str(e.value) and "4" in str(e.value)
-    with pytest.raises(ValueError):
+    with expect_error("ch2/div_even", a=6, b=4):
         div_even(6, 4, allow_replicate=True)
 
 
@@ -310,5 +312,5 @@ def test_task4_div_ceil():
 ], ids=["gate_up", "q_heads", "kv_heads", "row", "o_proj"])
 def test_task4_layers_refuse_uneven_split(factory):
     with as_rank(1, 4):
-        with pytest.raises(ValueError):
+        with expect_error("ch2/layer_uneven"):
             factory()

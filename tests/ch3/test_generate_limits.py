@@ -2,14 +2,13 @@
 
 import json
 
-from tests.harness.contract import run_subprocess
+from tests.ch1.common import cli
+from tests.harness.errors import expect_exit
 
 
 def test_positions_past_max_position_embeddings_are_refused(checkpoint, tiny_models, family):
     """每个小模型的 max_position_embeddings 不同（256、384、512、1024）：上限写死成一个数的实现在别的模型上放过越界。"""
     model = tiny_models[family]
     limit = json.loads((model / "config.json").read_text())["max_position_embeddings"]
-    res = run_subprocess(checkpoint.entry_path, ["--model", str(model), "--prompt", "Hi", "--max-new-tokens",
-                                                  str(limit + 1)])
-    assert res.returncode != 0
-    assert "max_position_embeddings" in res.stderr and "Traceback" not in res.stderr, res.stderr[-2000:]
+    res = cli(checkpoint, ["--model", str(model), "--prompt", "Hi", "--max-new-tokens", str(limit + 1)])
+    expect_exit("ch3/cli_max_position", res)

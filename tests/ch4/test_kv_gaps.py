@@ -77,8 +77,9 @@ def test_task2_pages_come_from_the_tail_so_they_are_not_contiguous(checkpoint, t
     for page in (first[0].long() // ps).tolist():
         if not pages or pages[-1] != page:
             pages.append(page)
-    assert len(pages) > 1 and all(a > b for a, b in zip(pages, pages[1:])), \
-        f"prefill 按顺序拿到的页是 {pages}：应当从空闲列表尾部拿，页号严格递减"
+    why = f"prefill 按顺序拿到的页是 {pages}：应当从空闲列表尾部拿，页号严格递减"
+    assert len(pages) > 1, why
+    assert all(a > b for a, b in zip(pages, pages[1:])), why
 
 
 def test_task2_input_ids_come_from_the_token_pool(checkpoint, tiny_models, monkeypatch):

@@ -1,8 +1,6 @@
 """第 4 章：预分配的 KV 池。一次分好、原地写新槽位、历史不搬家；page table 存原始槽位，页大小不影响结果。"""
 
-import contextlib
 import importlib.util
-import io
 
 import pytest
 import torch
@@ -12,6 +10,7 @@ from minisgl.distributed import reset_tp_info, set_tp_info
 from minisgl.kvcache import BaseKVCachePool, MHAKVCache, create_kvcache_pool
 from tests.harness import parity
 from tests.harness.contract import build_argv, parse_outputs, run_in_process, run_subprocess
+from tests.harness.errors import expect_exit, run_cli
 from tools.manifest import PROMPTS
 
 SENTINEL = 12345.0
@@ -68,7 +67,9 @@ def storage_ptr(t):
 def test_task1_shapes_dtype_device(tp1):
     pool = make_pool(num_pages=5, page_size=4, dtype=torch.float16)
     assert isinstance(pool, BaseKVCachePool)
-    assert pool.num_layers == LAYERS and pool.dtype == torch.float16 and pool.device == torch.device("cpu")
+    assert pool.num_layers == LAYERS
+    assert pool.dtype == torch.float16
+    assert pool.device == torch.device("cpu")
     for layer in range(LAYERS):
         assert tuple(pool.k_cache(layer).shape) == (5, 4, H_KV, D)
         assert tuple(pool.v_cache(layer).shape) == (5, 4, H_KV, D)
@@ -127,7 +128,8 @@ def test_task1_many_stores_never_reallocate(tp1):
         val = torch.full((1, H_KV * D), float(step))
         for layer in range(LAYERS):
             pool.store_kv(val, -val, torch.tensor([slot], dtype=torch.int32), layer)
-        assert storage_ptr(pool.k_cache(LAYERS - 1)) == ptr and storage_ptr(pool.v_cache(0)) == ptr
+        assert storage_ptr(pool.k_cache(LAYERS - 1)) == ptr
+        assert storage_ptr(pool.v_cache(0)) == ptr
         assert torch.all(views[0][slot // 2, slot % 2] == float(step))  # 早先拿到的视图也看得见新写入
         assert torch.all(pool.v_cache(2)[slot // 2, slot % 2] == -float(step))
 
@@ -145,7 +147,8 @@ def test_task1_page_size_does_not_change_the_flat_layout(tp1):
         pool.store_kv(k, v, slots, layer)
         assert tuple(pool.k_cache(layer).shape) == (total // ps, ps, H_KV, D)
         flats.append(snapshot(pool))
-    assert torch.equal(flats[0], flats[1]) and torch.equal(flats[0], flats[2])
+    assert torch.equal(flats[0], flats[1])
+    assert torch.equal(flats[0], flats[2])
     assert torch.equal(flats[0][0, layer, slots].reshape(20, -1), k)
 
 
@@ -169,7 +172,8 @@ def test_task1_create_kvcache_pool_from_model_config(tp1, tiny_models):
 
     config = ModelConfig.from_hf(AutoConfig.from_pretrained(tiny_models["qwen3-untied"]))
     pool = create_kvcache_pool(config, 7, 3, torch.float32, torch.device("cpu"))
-    assert isinstance(pool, BaseKVCachePool) and pool.num_layers == config.num_layers
+    assert isinstance(pool, BaseKVCachePool)
+    assert pool.num_layers == config.num_layers
     assert tuple(pool.v_cache(0).shape) == (7, 3, config.num_kv_heads, config.head_dim) == (7, 3, 1, 24)
 
 
@@ -242,7 +246,8 @@ def test_task2_generation_writes_only_new_slots(tp1, global_ctx, tiny_models, ch
             assert storage_ptr(ctx.kv_cache.v_cache(config.num_layers - 1)) == buffer_ptr
             changed = (after != before).flatten(3).any(-1)  # (2, 层数, 槽位数)
             out_loc = sorted(batch.out_loc.tolist())
-            assert len(set(out_loc)) == new_tokens and not used_slots & set(out_loc)
+            assert len(set(out_loc)) == new_tokens
+            assert not used_slots & set(out_loc)
             for kv in range(2):
                 for layer in range(config.num_layers):
                     got = changed[kv, layer].nonzero().flatten().tolist()
@@ -283,18 +288,13 @@ def test_task3_larger_pool_same_tokens(checkpoint, tiny_models):
 # ---------------------------------------------------------------- 任务 4：池或 page table 不够时的清楚报错
 
 
-def cli_error(entry, argv):
-    """在进程内跑入口脚本，应当失败：返回报错文字（异常信息 + stderr）。成功退出则返回 None。"""
-    err = io.StringIO()
+def cli_error(checkpoint, argv):
+    """在本进程里跑入口脚本（tests/harness/errors.py 的 run_cli），结果交给 expect_exit。"""
     try:
-        with contextlib.redirect_stderr(err):
-            run_in_process(entry, argv)
-    except Exception as e:  # 包括 ContractError（argparse 的 SystemExit）
-        return f"{type(e).__name__}: {e}\n{err.getvalue()}"
+        return run_cli(checkpoint.entry_path, argv)
     finally:
         reset_global_ctx()  # 出错时入口脚本可能没来得及清理
         reset_tp_info()
-    return None
 
 
 TWO_PROMPTS = ["The capital of France is", "def fibonacci(n):"]
@@ -303,23 +303,21 @@ TWO_PROMPTS = ["The capital of France is", "def fibonacci(n):"]
 def test_task4_num_pages_too_small_cli(checkpoint, tiny_models):
     """真的起一个子进程：池的页不够时非零退出，stderr 里点名 --num-pages。"""
     argv = build_argv(tiny_models["llama3"], TWO_PROMPTS, 8, 4) + ["--num-pages", "2"]
-    res = run_subprocess(checkpoint.entry_path, argv)
-    assert res.returncode != 0, res.stdout
-    assert "--num-pages" in res.stderr, res.stderr[-2000:]
+    expect_exit("ch4/pool_too_small", run_subprocess(checkpoint.entry_path, argv))
 
 
 @pytest.mark.parametrize("ps,num_pages", [(1, 3), (1, 20), (16, 1)])
 def test_task4_num_pages_too_small(checkpoint, tiny_models, ps, num_pages):
-    """prefill 就放不下（3 页）、decode 途中用完（20 页 < 约 30 页）、一个请求一页但有两个请求（16, 1）。"""
-    argv = build_argv(tiny_models["llama3"], TWO_PROMPTS, 8, ps) + ["--num-pages", str(num_pages)]
-    msg = cli_error(checkpoint.entry_path, argv)
-    assert msg is not None, f"--num-pages {num_pages} 不够用却成功了"
-    assert "--num-pages" in msg, msg
+    """prefill 就放不下（3 页）、decode 途中用完（20 页 < 约 30 页）、一个请求一页但有两个请求（16, 1：
+    --max-seq-len 16，页才不比序列长）。"""
+    argv = build_argv(tiny_models["llama3"], TWO_PROMPTS, 8, ps) + ["--num-pages", str(num_pages),
+                                                                    "--max-seq-len", "16"]
+    expect_exit("ch4/pool_too_small", cli_error(checkpoint, argv))
 
 
 def test_task4_num_pages_zero_is_refused(checkpoint, tiny_models):
-    msg = cli_error(checkpoint.entry_path, build_argv(tiny_models["llama3"], ["Hello"], 2) + ["--num-pages", "0"])
-    assert msg is not None and "--num-pages" in msg, msg
+    res = cli_error(checkpoint, build_argv(tiny_models["llama3"], ["Hello"], 2) + ["--num-pages", "0"])
+    expect_exit("ch4/sizes_not_positive", res, name="--num-pages")
 
 
 @pytest.mark.parametrize("case", ["prompt_longer_than_row", "generation_outgrows_row", "generation_exceeds_limit"])
@@ -328,9 +326,8 @@ def test_task4_max_seq_len_too_small(checkpoint, tiny_models, case):
     prompt, n = {"prompt_longer_than_row": (PROMPTS[3], 2),  # 提示词本身就放不进一行
                  "generation_outgrows_row": ("Hello world", 40),  # decode 途中超出 page table 一行
                  "generation_exceeds_limit": ("Hello world", 10)}[case]  # 超过给定的上限（即使补齐后还放得下）
-    msg = cli_error(checkpoint.entry_path, build_argv(tiny_models["llama3"], [prompt], n) + ["--max-seq-len", "5"])
-    assert msg is not None, "--max-seq-len 5 放不下却成功了"
-    assert "--max-seq-len" in msg, msg
+    res = cli_error(checkpoint, build_argv(tiny_models["llama3"], [prompt], n) + ["--max-seq-len", "5"])
+    expect_exit("ch4/max_seq_len_rule", res, max_seq_len=5)
 
 
 def test_task4_max_seq_len_large_enough_is_fine(checkpoint, tiny_models):

@@ -19,6 +19,7 @@ from minisgl.distributed import DistributedInfo, try_get_tp_info
 from minisgl.engine import Engine, EngineConfig, ForwardOutput
 from minisgl.utils import div_ceil
 from tools.manifest import PROMPTS
+from tests.harness.errors import expect_error
 from tests.harness.reference import encode, hf_greedy
 
 N = 16  # 每个请求生成的 token 数
@@ -43,7 +44,7 @@ def engine_of(model, **kw):
 
 
 def assert_no_global_state() -> None:
-    with pytest.raises(RuntimeError):
+    with expect_error("ch1/global_ctx_unset"):
         get_global_ctx()
     assert try_get_tp_info() is None
 
@@ -94,8 +95,10 @@ class Driver:
             assert (r.cached_len, r.device_len, r.max_device_len) == (dev, dev + 1, mx), r
             assert len(r.input_ids) == n_ids, "append_host 是调用方的事，引擎不该动 input_ids"
         out.copy_done_event.synchronize()
-        assert out.next_tokens_cpu.shape == (len(reqs),) and out.next_tokens_cpu.device.type == "cpu"
-        assert out.next_tokens_gpu.dtype == torch.int32 and out.next_tokens_gpu.device == engine.device
+        assert out.next_tokens_cpu.shape == (len(reqs),)
+        assert out.next_tokens_cpu.device.type == "cpu"
+        assert out.next_tokens_gpu.dtype == torch.int32
+        assert out.next_tokens_gpu.device == engine.device
         assert out.next_tokens_cpu.tolist() == out.next_tokens_gpu.tolist()
         for i, r in enumerate(reqs):
             r.append_host(out.next_tokens_cpu[i:i + 1])
@@ -130,20 +133,28 @@ def test_task1_init_attributes(tiny_models, ps):
         assert tuple(e.kv_cache.v_cache(2).shape[:2]) == (num_pages + 1, ps)
         assert e.max_seq_len == min(msl, num_pages * ps)
         pt = e.page_table
-        assert pt.dtype == torch.int32 and pt.device == e.device and pt.shape[0] == rows + 1
+        assert pt.dtype == torch.int32
+        assert pt.device == e.device
+        assert pt.shape[0] == rows + 1
         width, align = pt.shape[1], math.lcm(32, ps)
-        assert width % 32 == 0 and width % ps == 0, width
+        assert width % 32 == 0, width
+        assert width % ps == 0, width
         assert e.max_seq_len <= width < e.max_seq_len + align, width
         dummy_slot = num_pages * ps  # 假页的第一个槽位
-        assert (pt[rows] == dummy_slot).all() and (pt[:rows] == 0).all()
+        assert (pt[rows] == dummy_slot).all()
+        assert (pt[:rows] == 0).all()
         d = e.dummy_req
         assert (d.table_idx, d.cached_len, d.device_len, d.extend_len) == (rows, 0, 1, 1)
         assert e.page_table[d.table_idx, d.cached_len:d.device_len].tolist() == [dummy_slot]
         assert e.graph_runner.dummy_req is d
-        assert e.graph_runner.graph_bs_list == [] and e.graph_runner.max_graph_bs == 0  # 阶段一没有 CUDA 图
+        assert e.graph_runner.graph_bs_list == []  # 阶段一没有 CUDA 图
+        assert e.graph_runner.max_graph_bs == 0
         ctx = get_global_ctx()
-        assert ctx is e.ctx and ctx.page_size == ps
-        assert ctx.kv_cache is e.kv_cache and ctx.page_table is e.page_table and ctx.attn_backend is e.attn_backend
+        assert ctx is e.ctx
+        assert ctx.page_size == ps
+        assert ctx.kv_cache is e.kv_cache
+        assert ctx.page_table is e.page_table
+        assert ctx.attn_backend is e.attn_backend
         assert e.sampler.vocab_size == 1024
     assert_no_global_state()
 
@@ -168,7 +179,7 @@ def test_task1_num_threads_set_by_engine_only_without_omp(tiny_models, monkeypat
 def test_task1_max_seq_len_beyond_model_is_refused(tiny_models):
     """超过 max_position_embeddings（小模型是 512）→ ValueError；全局状态清干净，之后还能建 Engine。"""
     model = tiny_models[MODEL]
-    with pytest.raises(ValueError, match="512"):
+    with expect_error("ch6/max_seq_len_beyond_model", limit=512):
         make_engine(model, max_seq_len=513)
     assert_no_global_state()
     with engine_of(model, num_pages=1024, max_seq_len=512) as e:
@@ -180,9 +191,8 @@ def test_task1_max_seq_len_beyond_model_is_refused(tiny_models):
 def test_task1_missing_model_dir(tiny_models, tmp_path):
     """模型目录不存在：FileNotFoundError，说出路径和下载命令；之后还能建 Engine。"""
     missing = tmp_path / "no_such_model"
-    with pytest.raises(FileNotFoundError) as info:
+    with expect_error("ch3/model_dir_missing", path=missing):
         make_engine(missing)
-    assert str(missing) in str(info.value) and "hf download" in str(info.value)
     assert_no_global_state()
     with engine_of(tiny_models[MODEL], num_pages=8, max_seq_len=8) as e:
         assert e.num_pages == 8
@@ -261,10 +271,12 @@ def test_task2_req_lengths_after_each_forward(tiny_models):
         driver.step([r], "prefill")
         assert (r.cached_len, r.device_len, r.max_device_len, len(r.input_ids)) == (L, L + 1, L + n, L + 1)
         for i in range(1, n):
-            assert r.extend_len == 1 and r.can_decode
+            assert r.extend_len == 1
+            assert r.can_decode
             driver.step([r], "decode")
             assert (r.cached_len, r.device_len, r.max_device_len) == (L + i, L + i + 1, L + n)
-        assert not r.can_decode and r.remain_len == 0
+        assert not r.can_decode
+        assert r.remain_len == 0
         assert r.input_ids[L:].tolist() == hf_greedy(str(model), PROMPTS[1], n)[0]
 
 
@@ -281,7 +293,8 @@ def test_task3_pad_batch_and_dummy_req(tiny_models, ps):
         reqs = driver.make_reqs([encode(model, PROMPTS[0]), encode(model, PROMPTS[2])], 4)
         b = Batch(reqs=reqs, phase="decode")
         e.graph_runner.pad_batch(b)
-        assert b.padded_reqs == reqs and b.padded_size == 2
+        assert b.padded_reqs == reqs
+        assert b.padded_size == 2
         assert not e.graph_runner.can_use_cuda_graph(b)
 
         driver.step(reqs, "prefill")
@@ -298,7 +311,8 @@ def test_task3_pad_batch_and_dummy_req(tiny_models, ps):
         before = [(kv.k_cache(i).clone(), kv.v_cache(i).clone()) for i in range(layers)]
 
         padded = driver.fill(reqs, "decode", extra=[e.dummy_req] * 2, allocate=False)
-        assert padded.size == 2 and padded.padded_size == 4
+        assert padded.size == 2
+        assert padded.padded_size == 4
         assert padded.out_loc[2:].tolist() == [dummy_slot] * 2
         with e.ctx.forward_batch(padded):
             logits_padded = e.model.forward()

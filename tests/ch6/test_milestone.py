@@ -63,7 +63,8 @@ def check_verdicts(lines: list[str], what: str) -> None:
     assert len(verdicts) == 4, f"{what}：应有 4 行“与 HF 一致”，实际 {len(verdicts)} 行\n" + "\n".join(lines)
     bad = [line for line in verdicts if not line.rstrip().endswith("True")]
     assert not bad, f"{what}：和 HF 不一致：\n" + "\n".join(bad)
-    assert lines[-1].startswith("单独跑") and lines[-1].rstrip().endswith("True"), f"{what}：最后一行是 {lines[-1]!r}"
+    assert lines[-1].startswith("单独跑"), f"{what}：最后一行是 {lines[-1]!r}"
+    assert lines[-1].rstrip().endswith("True"), f"{what}：最后一行是 {lines[-1]!r}"
 
 
 def header(lines: list[str]) -> str:
@@ -78,7 +79,9 @@ def test_task5_milestone_example(checkpoint, runs):
     lines = lines_of(runs["ps1"], "stage1_milestone.py")
     check_verdicts(lines, "stage1_milestone.py")
     head = header(lines)
-    assert DEVICE in head and "torch" in head and "1024 页" in head, head
+    assert DEVICE in head, head
+    assert "torch" in head, head
+    assert "1024 页" in head, head
 
 
 def test_task5_milestone_page_size_4_same_outputs(checkpoint, runs):
@@ -87,27 +90,32 @@ def test_task5_milestone_page_size_4_same_outputs(checkpoint, runs):
     ps1 = lines_of(runs["ps1"], "stage1_milestone.py")
     ps4 = lines_of(runs["ps4"], "stage1_milestone.py --page-size 4")
     check_verdicts(ps4, "stage1_milestone.py --page-size 4")
-    assert "page_size=4" in header(ps4) and "1024 页" in header(ps4)
+    assert "page_size=4" in header(ps4)
+    assert "1024 页" in header(ps4)
 
     def texts(lines):
         return [line for line in lines if line.startswith("单个请求") or "与 HF 一致" in line]
 
-    assert len(texts(ps1)) == 5 and texts(ps4) == texts(ps1)
+    assert len(texts(ps1)) == 5
+    assert texts(ps4) == texts(ps1)
 
     def kv_line(lines):  # "KV 池写了 87 个槽位（87 / 1024 页）"：槽位数相同，页大小 4 时用的页更少
         [line] = [line for line in lines if line.startswith("KV 池写了")]
         return int(line.split("写了")[1].split("个槽位")[0]), int(line.split("（")[1].split("/")[0])
 
     (slots1, pages1), (slots4, pages4) = kv_line(ps1), kv_line(ps4)
-    assert slots1 == slots4 == pages1 and pages4 < pages1, (kv_line(ps1), kv_line(ps4))
+    assert slots1 == slots4 == pages1, (kv_line(ps1), kv_line(ps4))
+    assert pages4 < pages1, (kv_line(ps1), kv_line(ps4))
 
 
 def test_task5_seed_script_unchanged(runs):
     """规格页上的脚本原样运行：接口和规格一致，判定全是 True。"""
     lines = lines_of(runs["seed"], "seed_stage1_milestone.py")
     verdicts = [line for line in lines if "与 HF 一致" in line]
-    assert len(verdicts) == 4 and all(line.rstrip().endswith("与 HF 一致: True") for line in verdicts), \
-        "\n".join(lines)
+    assert len(verdicts) == 4, "\n".join(lines)
+    assert all(line.rstrip().endswith("与 HF 一致: True") for line in verdicts), "\n".join(lines)
     assert lines[-1].rstrip().endswith("True"), lines[-1]
     head = header(lines)
-    assert DEVICE in head and "torch" in head and "1024 页" in head, head
+    assert DEVICE in head, head
+    assert "torch" in head, head
+    assert "1024 页" in head, head

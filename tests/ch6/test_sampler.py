@@ -47,7 +47,8 @@ def nucleus(probs: torch.Tensor, p: float) -> list[int]:
     sorted_probs, order = probs.double().sort(descending=True)
     csum = sorted_probs.cumsum(0)
     size = min(int((csum < p).sum()) + 1, len(probs))
-    assert abs(csum[size - 1] - p) > 1e-3 and (size == 1 or abs(csum[size - 2] - p) > 1e-3), "测试数据离边界太近"
+    assert abs(csum[size - 1] - p) > 1e-3, "测试数据离边界太近"
+    assert size == 1 or abs(csum[size - 2] - p) > 1e-3, "测试数据离边界太近"
     return order[:size].tolist()
 
 
@@ -160,21 +161,30 @@ def test_task4_prepare_semantics():
     sampler = Sampler(CPU, VOCAB)
     args = sampler.prepare(make_batch([SamplingParams(), SamplingParams(temperature=0.7, top_k=1)]))
     assert isinstance(args, BatchSamplingArgs)
-    assert args.temperatures is None and args.top_k is None and args.top_p is None
+    assert args.temperatures is None
+    assert args.top_k is None
+    assert args.top_p is None
 
     args = sampler.prepare(make_batch([SamplingParams(temperature=0.8), SamplingParams()]))
-    assert args.temperatures is not None and args.temperatures.dtype == torch.float32
-    assert args.temperatures.shape == (2,) and args.temperatures[0].item() == pytest.approx(0.8)
-    assert args.top_k is None and args.top_p is None
-    assert args.greedy is not None and args.greedy.tolist() == [False, True]
+    assert args.temperatures is not None
+    assert args.temperatures.dtype == torch.float32
+    assert args.temperatures.shape == (2,)
+    assert args.temperatures[0].item() == pytest.approx(0.8)
+    assert args.top_k is None
+    assert args.top_p is None
+    assert args.greedy is not None
+    assert args.greedy.tolist() == [False, True]
 
     args = sampler.prepare(make_batch([SamplingParams(temperature=0.8, top_k=5), SamplingParams(temperature=1.0)]))
-    assert args.top_k is not None and args.top_k.dtype == torch.int32 and args.top_k.tolist() == [5, VOCAB]
+    assert args.top_k is not None
+    assert args.top_k.dtype == torch.int32
+    assert args.top_k.tolist() == [5, VOCAB]
     assert args.top_p is None
 
     args = sampler.prepare(make_batch([SamplingParams(temperature=0.8), SamplingParams(temperature=1.0, top_p=0.9)]))
     assert args.top_k is None
-    assert args.top_p is not None and args.top_p.tolist() == pytest.approx([1.0, 0.9])
+    assert args.top_p is not None
+    assert args.top_p.tolist() == pytest.approx([1.0, 0.9])
 
 
 def test_task4_all_greedy_batch_is_argmax():
@@ -209,7 +219,8 @@ def test_task4_per_request_params_in_one_batch():
     args = sampler.prepare(batch)
     torch.manual_seed(0)
     samples = sampler.sample(rows.repeat(reps, 1), args).view(reps, 4)
-    assert (samples[:, 0] == rows[0].argmax()).all() and (samples[:, 1] == rows[1].argmax()).all()
+    assert (samples[:, 0] == rows[0].argmax()).all()
+    assert (samples[:, 1] == rows[1].argmax()).all()
     probs2, probs3 = rows[2].softmax(-1), rows[3].softmax(-1)
     keep = nucleus(probs2, 0.3)
     assert 1 < len(keep) < 10

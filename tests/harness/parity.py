@@ -8,7 +8,7 @@ from pathlib import Path
 from safetensors.torch import load_file
 
 from .contract import ContractError, build_argv, parse_outputs, run_in_process, run_subprocess
-from .reference import hf_greedy, load_hf
+from .reference import hf_greedy, load_tokenizer
 from .report import logits_report, mismatch_report
 
 
@@ -37,7 +37,7 @@ def parity_failures(entry: Path, model: Path, prompts: list[str], n: int, page_s
         outputs = parse_outputs(run_contract(entry, argv, in_process), len(prompts), n)
         our_logits = load_file(str(path)) if path.exists() else None
     refs = [hf_greedy(str(model), p, n) for p in prompts]
-    decode = load_hf(str(model))[1].decode
+    decode = load_tokenizer(str(model)).decode
     where = f"[{entry.parent.name} · {model.name} · page_size={page_size}{' ' + ' '.join(extra) if extra else ''}]"
     reports = []
     for i, (p, o, (ref, ref_logits)) in enumerate(zip(prompts, outputs, refs)):

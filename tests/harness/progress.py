@@ -1,77 +1,71 @@
 """pytest 插件：把每个测试的结果和一行原因写成 JSON，python -m tools.run_tests 据此按任务打进度表。
 
     pytest ... -p tests.harness.progress   # 环境变量 MINISGL_PROGRESS 指定输出文件
+
+一行原因取自失败的那个异常本身，不从打印出来的回溯里切：
+- 查报错的测试都经过 tests/harness/errors.py，它失败时的消息就是一行（"期望 ValueError（match=…），得到 KeyError: …"）；
+- 碰到桩时是桩的 NotImplementedError（在子进程里碰到的，消息里带着它的原话，也认得出来）；
+- 别的失败是异常消息的第一行：assert 的说明（pytest 改写过的 "assert 3 == 2"，或测试自己给的消息）、对齐报告的第一行。
 """
 
 from __future__ import annotations
 
-import ast
 import json
 import os
 import re
-import textwrap
 
 import pytest
 
 _RESULTS: dict[str, dict] = {}
-# 一行原因按优先级找：桩的 NotImplementedError（可能在子进程的 stderr 里）、对齐报告的第一次分叉、断言的第一行
-_REASONS = [re.compile(r"NotImplementedError: .*"), re.compile(r"提示词 .*第一次分叉")]
+_REASONS: dict[str, str] = {}  # node id -> 这次失败的一行原因（makereport 时从异常取）
+_STUB = re.compile(r"NotImplementedError: 第 \d+ 章 · 任务 \d+：[^\n'\"\\]*")
 
 
-def one_line_reason(report) -> str:
-    """进度表里的一行原因：桩、对齐报告、没抛的异常、没对上的 match=、失败的断言本身（不是它附带的输出）。"""
-    text = str(report.longrepr or "")
-    for pattern in _REASONS:
-        hits = pattern.findall(text)
-        if hits:
-            return re.split(r"\\n|['\"]\s*[=,)]", hits[-1])[0].strip()  # 子进程输出的 repr 里换行是 \\n
-    crash = getattr(report.longrepr, "reprcrash", None)
-    msg = crash.message if crash is not None else text.strip().splitlines()[-1] if text.strip() else ""
-    first = msg.strip().splitlines()[0] if msg.strip() else ""
-    if first.startswith("Failed: DID NOT RAISE"):
-        return first.removeprefix("Failed: ")
-    if "Regex pattern did not match" in msg:
-        want = re.search(r"(?:Expected )?[Rr]egex: (.*)", msg)
-        got = re.search(r"(?:Actual message|Input): (.*)", msg)
-        return f"match= 没对上：要 {want.group(1) if want else '?'}，实际是 {got.group(1) if got else '?'}"
-    if first.startswith("AssertionError") or first.startswith("assert "):
-        stmt = _failed_assert(report)
-        if stmt:
-            why = [line for line in msg.splitlines() if line.startswith("assert ")]
-            short = why and len(why[-1]) <= 60 and why[-1] != stmt  # 长的展开多半是整段输出，不要
-            return stmt + (f"（{why[-1]}）" if short else "")
-    return first
+def reason_of(exc: BaseException) -> str:
+    """失败的异常 -> 进度表里的一行原因。"""
+    if isinstance(exc, NotImplementedError):
+        return f"NotImplementedError: {exc}".splitlines()[0]
+    text = str(exc)
+    stub = _STUB.search(text)  # 子进程碰到了桩：它的 stderr 在消息里
+    if stub:
+        return stub.group(0).strip()
+    lines = [line for line in text.splitlines() if line.strip()]
+    first = lines[0].strip() if lines else ""
+    if isinstance(exc, AssertionError):
+        return _assert_reason(lines) or "assert 失败"
+    name = type(exc).__name__
+    if name == "Failed":  # pytest.fail(...)：消息本身就是原因
+        return first
+    return f"{name}: {first}" if first else name
 
 
-def _failed_assert(report) -> str:
-    """失败的那条 assert 语句（只要条件，不要它附带的消息：消息常常是子进程的整段 stderr）。"""
-    entries = getattr(getattr(report.longrepr, "reprtraceback", None), "reprentries", None) or []
-    lines = getattr(entries[-1], "lines", []) if entries else []
-    # --tb=long 用 ">" 标出失败的那一行；--tb=short（run_tests 用的）没有标记，失败的语句就是 "E" 行之前的那几行
-    start = next((i for i, line in enumerate(lines) if line.startswith(">")), None)
-    if start is None:
-        first_e = next((i for i, line in enumerate(lines) if line.startswith("E")), len(lines))
-        body = [line for line in lines[:first_e] if line.strip() and set(line.strip()) != {"^"}][-8:]
-    else:
-        body = [lines[start][1:]] + [line for line in lines[start + 1:]
-                                     if not line.startswith("E") and set(line.strip()) != {"^"}][:8]
-    for i in range(len(body)):  # 多行的 assert：找一段能解析成 assert 的连续行
-        for n in range(len(body), i, -1):
-            try:
-                node = ast.parse(textwrap.dedent("\n".join(body[i:n])).strip()).body[0]
-            except (SyntaxError, IndexError):
-                continue
-            if isinstance(node, ast.Assert):
-                return f"assert {ast.unparse(node.test)}"
-    asserts = [line.strip() for line in body if line.strip().startswith("assert")]
-    return f"{asserts[-1]} …" if asserts else ""  # --tb=short 只给多行 assert 的第一行
+def _assert_reason(lines: list[str]) -> str:
+    """pytest 改写过的 assert 的消息是"测试给的消息 + 换行 + assert 的说明"。测试给的消息第一行是一句话（比如对齐报告的
+    "第一次分叉"）就用它；是整段子进程输出（Traceback、警告）时用说明那一行（"assert 1 == 0"）。"""
+    at = max((i for i, line in enumerate(lines) if line.startswith("assert ")), default=None)
+    message = lines[:at] if at is not None else lines
+    if message and not re.match(r"\s*(Traceback|File \"|\S+:\d+: \w*Warning)", message[0]):
+        return message[0].strip()
+    return lines[at].strip() if at is not None else (message[0].strip() if message else "")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and call.excinfo is not None:
+        _REASONS[report.nodeid] = reason_of(call.excinfo.value)
 
 
 def pytest_runtest_logreport(report):
     prev = _RESULTS.get(report.nodeid)
     if report.failed:
         if prev is None or prev["outcome"] != "failed":
-            _RESULTS[report.nodeid] = {"outcome": "failed", "reason": one_line_reason(report)}
+            reason = _REASONS.get(report.nodeid)
+            if reason is None:  # 没有异常对象可看（比如插件报的失败）：取报告的最后一行
+                lines = str(report.longrepr or "").strip().splitlines()
+                reason = lines[-1] if lines else ""
+            _RESULTS[report.nodeid] = {"outcome": "failed", "reason": reason}
     elif report.skipped and prev is None:
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else ""
         _RESULTS[report.nodeid] = {"outcome": "skipped", "reason": str(reason)}
@@ -89,11 +83,13 @@ def pytest_collection_modifyitems(config, items):
 
 
 def _select(config, items):
-    """python -m tools.run_tests 分几个进程跑一章：MINISGL_SELECT=own（本章的任务）、regress（前面各章的测试）、
-    real（真权重一档）；MINISGL_TASK=K 只留本章任务 K 的测试。MINISGL_CHAPTER 是按哪一章归类。"""
+    """python -m tools.run_tests 分几个进程跑一章：MINISGL_SELECT=own（本章的任务）、given（本章给定代码自己的测试，
+    tests/tasks.toml 的 given_tests）、regress（前面各章的测试）、real（真权重一档）；MINISGL_TASK=K 只留本章任务 K
+    的测试（不含给定代码的测试）。MINISGL_CHAPTER 是按哪一章归类。"""
     select, task = os.environ.get("MINISGL_SELECT"), os.environ.get("MINISGL_TASK")
     if not select and not task:
         return
+    from tools.manifest import is_given_test
     from tools.task_table import chapter_of_test, load_tasks, task_of_test
 
     chapter, all_tasks = int(os.environ.get("MINISGL_CHAPTER", "0")), load_tasks()
@@ -101,12 +97,14 @@ def _select(config, items):
     def keep(nodeid: str) -> bool:
         real = nodeid.startswith("tests/real/")
         own = chapter_of_test(nodeid, chapter) == chapter
-        if select == "own" and (real or not own) or select == "regress" and (real or own) \
-                or select == "real" and not real:
+        given = own and not real and is_given_test(chapter, nodeid)
+        wanted = {"own": own and not real and not given, "given": given, "regress": not own and not real,
+                  "real": real}
+        if select and not wanted.get(select, False):
             return False
         if task:
             t = task_of_test(all_tasks, nodeid, chapter)
-            return own and t is not None and str(t.number) == task
+            return own and not given and t is not None and str(t.number) == task
         return True
 
     kept = [item for item in items if keep(item.nodeid)]
@@ -118,7 +116,9 @@ def _select(config, items):
 
 def pytest_collectreport(report):
     if report.failed:
-        _RESULTS[report.nodeid or "<收集>"] = {"outcome": "error", "reason": one_line_reason(report)}
+        text = str(report.longrepr or "").strip().splitlines()
+        error = next((line for line in reversed(text) if line.startswith("E ")), text[-1] if text else "")
+        _RESULTS[report.nodeid or "<收集>"] = {"outcome": "error", "reason": error.removeprefix("E").strip()}
 
 
 def pytest_sessionfinish(session):

@@ -24,7 +24,8 @@ def test_real_milestone(checkpoint, real_model):
     assert res.returncode == 0, res.stderr[-3000:]
     lines = res.stdout.strip().splitlines()
     verdicts = [line for line in lines if "与 HF 一致" in line]
-    assert len(verdicts) == 4 and all(v.rstrip().endswith("与 HF 一致: True") for v in verdicts), res.stdout
+    assert len(verdicts) == 4, res.stdout
+    assert all(v.rstrip().endswith("与 HF 一致: True") for v in verdicts), res.stdout
     assert lines[-1].rstrip().endswith("True"), res.stdout
     single = next(line for line in lines if line.startswith("单个请求"))
     assert "Paris" in single, single  # 真模型：读得懂的续写
@@ -49,4 +50,5 @@ def test_real_tp_equals_tp1(checkpoint, real_model, ours):
     outs = json.loads(res.stdout.strip().splitlines()[-1])["outputs"]
     tp1 = ours(1)  # 和 HF 的对齐由 test_real_weights_parity 负责
     diff = [i for i, (a, b) in enumerate(zip(outs, tp1)) if a != b]
-    assert not diff and len(outs) == len(tp1), f"--tp {tp} 和 --tp 1 在第 {diff} 条提示词上不同：{outs} vs {tp1}"
+    assert not diff, f"--tp {tp} 和 --tp 1 在第 {diff} 条提示词上不同：{outs} vs {tp1}"
+    assert len(outs) == len(tp1), f"--tp {tp} 和 --tp 1 在第 {diff} 条提示词上不同：{outs} vs {tp1}"

@@ -9,7 +9,7 @@ from safetensors import safe_open
 from tests.harness.parity import parity_failures
 from tests.harness.real import REAL_NEW_TOKENS, REAL_PROMPTS
 from tools.models import SMOLLM2
-from tests.harness.reference import hf_greedy, load_hf
+from tests.harness.reference import hf_greedy, load_tokenizer
 
 
 def test_real_weights_parity(checkpoint, real_model, page_size):
@@ -21,7 +21,7 @@ def test_real_weights_parity(checkpoint, real_model, page_size):
 def test_real_model_speaks(real_model):
     """权重真的是训练过的：HF 自己在这个目录上就答得出法国的首都（做模型的工具把 GGUF 读错时这里先失败）。"""
     tokens = hf_greedy(str(real_model), REAL_PROMPTS[0], REAL_NEW_TOKENS)[0]
-    text = load_hf(str(real_model))[1].decode(tokens)
+    text = load_tokenizer(str(real_model)).decode(tokens)
     assert "Paris" in text, f"{real_model}：{REAL_PROMPTS[0]!r} -> {text!r}"
 
 
@@ -30,10 +30,15 @@ def test_smollm2_layout(real_model):
     if real_model.resolve() != SMOLLM2.resolve():
         pytest.skip(f"这一项只查 tools/make_smollm2.py 写出的 {SMOLLM2.name}；这次用的是 {real_model}")
     config = json.loads((real_model / "config.json").read_text())
-    assert config["architectures"] == ["LlamaForCausalLM"] and "quantization_config" not in config, config
-    assert config["tie_word_embeddings"] and config["num_attention_heads"] == 9 and config["num_key_value_heads"] == 3
+    assert config["architectures"] == ["LlamaForCausalLM"], config
+    assert "quantization_config" not in config, config
+    assert config["tie_word_embeddings"]
+    assert config["num_attention_heads"] == 9
+    assert config["num_key_value_heads"] == 3
     with safe_open(str(real_model / "model.safetensors"), framework="pt") as f:
         keys = set(f.keys())
         dtypes = {f.get_slice(k).get_dtype() for k in keys}
-    assert "lm_head.weight" not in keys and "model.embed_tokens.weight" in keys and len(keys) == 272, sorted(keys)[:5]
+    assert "lm_head.weight" not in keys, sorted(keys)[:5]
+    assert "model.embed_tokens.weight" in keys, sorted(keys)[:5]
+    assert len(keys) == 272, sorted(keys)[:5]
     assert dtypes == {"F32"}, dtypes

@@ -2,6 +2,7 @@
 
 import shutil
 
+
 from tools.manifest import PROMPTS, TINY_NEW_TOKENS, load_manifest
 from tests.harness.parity import parity_failures
 

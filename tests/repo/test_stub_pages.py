@@ -2,7 +2,7 @@
 
 - tests/tasks.toml 没有兜底的符号模式 "*"：桩只来自任务点了名的文件和符号；
 - 给定的文件（tasks.toml 的 given）整份复制、一个桩也没有，页面的「任务」一节写着它们；
-- 第 6 章每个桩的名字都写在它那个任务的正文里（第 1~5 章的任务一节还没有逐个写到私有的小函数，见报告）；
+- 每一章每个桩的名字都写在它那个任务的正文里，桩的任务号就是那个任务；页面写出的签名用的是桩的参数名；
 - 第 6 章每个有桩的任务：只把这一个任务写成桩、其余放参考文件，这个任务的第一个测试失败，原因写着这个任务。
 """
 
@@ -86,17 +86,93 @@ def test_given_files_hold_no_stub_and_are_on_the_page(ck, tmp_path):
                 b"NotImplementedError(" in (ck.path / rel).read_bytes(), f"给定的 {rel} 里有桩"
 
 
-def test_chapter6_every_stub_is_named_in_its_task():
-    missing = unnamed_stubs(CH6, _task_texts(6))
-    assert not missing, "docs/ch6.md 的任务正文没写到这些桩：\n" + "\n".join(missing)
+def misplaced_stubs(ck, texts: dict[int, str]) -> list[str]:
+    """桩的任务号（它的 NotImplementedError 写的）必须是页面上点了它名字的那个「### 任务 K」之一。"""
+    out = []
+    for s in stubs.find_stubs(ck):
+        named = sorted(k for k, t in texts.items() if _mentions(t, _name(s.qualname)))
+        if s.task is None or s.task.number not in named:
+            label = s.task.number if s.task else "?"
+            out.append(f"{s.key}：桩写的是任务 {label}，页面上点名它的是任务 {named or '（没有）'}")
+    return out
+
+
+@pytest.mark.parametrize("ck", CHECKPOINTS, ids=lambda c: c.name)
+def test_every_stub_is_named_in_its_own_task(ck):
+    bad = misplaced_stubs(ck, _task_texts(ck.chapter))
+    page = "step0.md" if ck.chapter == 0 else f"ch{ck.chapter}.md"
+    assert not bad, f"docs/{page} 的任务正文和桩对不上（tests/tasks.toml 的 symbols 或页面）：\n" + "\n".join(bad)
 
 
 def test_the_page_check_catches_a_missing_name():
     """自检：把任务 2 的正文里的 check_batch 去掉，上面的检查必须报出它。"""
     texts = _task_texts(6)
-    assert "minisgl/engine/engine.py:Engine.check_batch（任务 2）" not in unnamed_stubs(CH6, texts)
+    key = "minisgl/engine/engine.py:Engine.check_batch"
+    assert not [m for m in misplaced_stubs(CH6, texts) if m.startswith(key)]
     texts[2] = texts[2].replace("check_batch", "check_it")
-    assert "minisgl/engine/engine.py:Engine.check_batch（任务 2）" in unnamed_stubs(CH6, texts)
+    assert [m for m in misplaced_stubs(CH6, texts) if m.startswith(key)]
+
+
+_FENCE = re.compile(r"^```.*?^```", re.M | re.S)
+_CALL = re.compile(r"(?<![\w.])((?:[A-Za-z_]\w*\.)*)([A-Za-z_]\w*)\(([^()]*)\)")
+
+
+def page_signatures(text: str):
+    """页面行内代码里写成 名字(参数, …) 的签名：(限定前缀, 名字, 参数名)。参数得都是标识符（可带 = 默认值、: 类型）
+    才算签名；名字()、f(x.y) 这样的是调用或提及，不算。代码块（```）里的是代码，不算。"""
+    for span in re.findall(r"`([^`\n]+)`", _FENCE.sub("", text)):
+        for m in _CALL.finditer(span):
+            prefix, name, args = m.groups()
+            names = [a.split("=")[0].split(":")[0].strip() for a in args.split(",")] if args.strip() else []
+            names = [n for n in names if n not in ("*", "…", "...")]
+            if names and all(re.fullmatch(r"\*{0,2}[A-Za-z_]\w*", n) for n in names):
+                yield prefix.rstrip("."), name, [n.lstrip("*") for n in names]
+
+
+def _params(node) -> tuple[list[str], list[str]]:
+    """(按位置的参数名（去掉 self/cls）, 没有默认值的那些) 加上仅限关键字的参数名。"""
+    a = node.args
+    names = [x.arg for x in a.posonlyargs + a.args]
+    names = names[1:] if names[:1] in (["self"], ["cls"]) else names
+    required = names[:len(names) - len(a.defaults)]
+    return names + [x.arg for x in a.kwonlyargs], required
+
+
+def signature_mismatches(ck, section: str) -> list[str]:
+    by_name: dict[str, list] = {}
+    for s in stubs.find_stubs(ck):
+        parts = s.qualname.split(".")
+        by_name.setdefault(parts[-2] if parts[-1] == "__init__" else parts[-1], []).append(s)
+    out = []
+    for prefix, name, names in page_signatures(section):
+        found = by_name.get(name, [])
+        if prefix:  # Class.method(...)：只比那个类的；obj.method(...) 的 obj 不是桩的类（ctx、engine……）就不比
+            found = [s for s in found if s.qualname.split(".")[0] == prefix.split(".")[-1]]
+        if not found:
+            continue
+        ok = any(names == params[:len(names)] and set(required) <= set(names)
+                 for params, required in (_params(s.node) for s in found))
+        if not ok:
+            want = "；".join(f"{s.qualname}({', '.join(_params(s.node)[0])})" for s in found)
+            out.append(f"页面写 {name}({', '.join(names)})，桩是 {want}")
+    return out
+
+
+@pytest.mark.parametrize("ck", CHECKPOINTS, ids=lambda c: c.name)
+def test_page_signatures_use_the_stubs_parameter_names(ck):
+    """「任务」一节的正文，加上构建时渲染进去的报错表（tests/chN/errors.toml 的"情形"）。"""
+    from tools import error_cases
+
+    folder = f"ch{ck.chapter}" if ck.chapter else "checkpoint"
+    tables = "\n".join(c.when for c in error_cases.load(folder).values())
+    bad = signature_mismatches(ck, _task_section(ck.chapter) + "\n" + tables)
+    assert not bad, "页面「任务」一节写的签名和桩的参数名不一样：\n" + "\n".join(bad)
+
+
+def test_the_signature_check_catches_a_renamed_parameter():
+    """自检：第 6 章的 TableManager.free 的参数是 slot；页面写成 free(row) 就要报。"""
+    assert signature_mismatches(CH6, "`free(slot)` 收回") == []
+    assert signature_mismatches(CH6, "`free(row)` 收回")
 
 
 def _first_test_of(task: int) -> tuple[str, str]:

@@ -67,9 +67,9 @@ def test_stub_workspace(ck, tmp_path):
         assert len(hits) == 1, f"{s.key} 归属的任务不唯一：{[t.label for t in hits]}（tests/tasks.toml 的 symbols）"
     for rel in {s.file for s in made}:
         tree = ast.parse((ws / rel).read_text(encoding="utf-8"))
-        raised = {ast.literal_eval(n.exc.args[0]) for n in ast.walk(tree)
+        raised = {n.exc.args[0].value for n in ast.walk(tree)  # 桩的消息是字面量；基类原样给出的默认实现可能是 f-string
                   if isinstance(n, ast.Raise) and isinstance(n.exc, ast.Call) and getattr(n.exc.func, "id", "")
-                  == "NotImplementedError"}
+                  == "NotImplementedError" and n.exc.args and isinstance(n.exc.args[0], ast.Constant)}
         for s in (s for s in made if s.file == rel):
             assert any(m.startswith(f"{s.task.label}：{s.qualname}") for m in raised), f"{s.key} 的桩没写任务号"
 
@@ -147,35 +147,35 @@ def test_progress_table_prefers_the_failure_naming_its_own_task():
 
 
 def test_progress_reason_is_the_failed_expectation_not_captured_output(tmp_path):
-    """一行原因是失败的断言本身或 DID NOT RAISE，不是断言附带的子进程 stderr 的第一行。"""
+    """一行原因取自失败的异常：报错清单的帮手说的那一行、桩、测试自己给的一句话；断言附带的是整段子进程 stderr 时，
+    用 assert 的说明，不用 stderr 的第一行。"""
     (tmp_path / "test_reasons.py").write_text(textwrap.dedent('''
-        import pytest
+        from tests.harness.errors import expect_error
         ERR = "Traceback (most recent call last):\\n  File x\\nValueError: boom"
         def test_assert_with_stderr_message():
-            assert "--prompt ''" in ERR and "Traceback" not in ERR, ERR
-        def test_did_not_raise():
-            with pytest.raises(ValueError):
-                pass
-        def test_match():
-            with pytest.raises(ValueError, match="vocab_size="):
-                raise ValueError("nope")
-        def test_multiline_assert():
-            x = 3
-            assert (x ==
-                    2), ERR
+            code = 1
+            assert code == 0, ERR
+        def test_helper_wrong_type():
+            with expect_error("ch1/req_lengths"):
+                raise KeyError("x")
+        def test_stub():
+            raise NotImplementedError("第 1 章 · 任务 2：Context.batch")
+        def test_report():
+            report = "提示词 'Hi'：第 3 步（从 0 数）第一次分叉"
+            assert not [report], report + "\\n  HF ..."
+        def test_stub_in_a_child_process():
+            assert False, "generate.py 以状态 1 退出：\\nNotImplementedError: 第 3 章 · 任务 4：load_weight\\n"
     '''), encoding="utf-8")
-    for tb in ("long", "short"):  # run_tests 用 --tb=short：那里源码行没有 ">" 标记，多行的 assert 只给第一行
-        out = tmp_path / f"progress-{tb}.json"
-        subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.harness.progress",
-                        f"--tb={tb}", str(tmp_path / "test_reasons.py")], cwd=ROOT,
-                       env=dict(os.environ, MINISGL_PROGRESS=str(out)), capture_output=True, text=True)
-        reasons = {k.split("::")[-1]: v["reason"] for k, v in json.loads(out.read_text()).items()}
-        assert reasons["test_assert_with_stderr_message"].startswith("assert \"--prompt ''\" in ERR"), (tb, reasons)
-        assert reasons["test_did_not_raise"] == "DID NOT RAISE ValueError", (tb, reasons)
-        assert "vocab_size=" in reasons["test_match"] and "nope" in reasons["test_match"], (tb, reasons)
-        multi = reasons["test_multiline_assert"]
-        assert multi.startswith("assert") and "assert 3 == 2" in multi, (tb, reasons)
-        assert not any("Traceback" in r.split("（")[0] and "not in" not in r for r in reasons.values()), (tb, reasons)
+    out = tmp_path / "progress.json"
+    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.harness.progress",
+                    "--tb=short", str(tmp_path / "test_reasons.py")], cwd=ROOT,
+                   env=dict(os.environ, MINISGL_PROGRESS=str(out)), capture_output=True, text=True)
+    reasons = {k.split("::")[-1]: v["reason"] for k, v in json.loads(out.read_text()).items()}
+    assert reasons["test_assert_with_stderr_message"] == "assert 1 == 0", reasons
+    assert reasons["test_helper_wrong_type"] == "期望 ValueError（match='cached_len'），得到 KeyError: 'x'", reasons
+    assert reasons["test_stub"] == "NotImplementedError: 第 1 章 · 任务 2：Context.batch", reasons
+    assert reasons["test_report"] == "提示词 'Hi'：第 3 步（从 0 数）第一次分叉", reasons
+    assert reasons["test_stub_in_a_child_process"] == "NotImplementedError: 第 3 章 · 任务 4：load_weight", reasons
 
 
 @pytest.mark.parametrize("where", ["inside", "elsewhere"])
@@ -218,3 +218,38 @@ def test_progress_table_for_one_task_lists_only_that_task():
     results = {"tests/ch4/test_kv_pool.py::test_task2_x": {"outcome": "passed", "reason": ""}}
     table, ok = progress_table(results, 4, only_task=2)
     assert ok and "任务 2" in table and "任务 1" not in table and "没有测试" not in table, table
+
+
+def test_given_code_tests_are_a_row_of_their_own_and_not_in_own_or_a_task():
+    """第 6 章给定代码自己的测试（tasks.toml 的 given_tests）：只在 given 那一份里，进度表上排在任务之后单独一行。"""
+    from tools.manifest import is_given_test
+    from tools.task_table import progress_table
+
+    given = _selected("ch6", 6, MINISGL_SELECT="given")
+    own = _selected("ch6", 6, MINISGL_SELECT="own")
+    task6 = _selected("ch6", 6, MINISGL_SELECT="own", MINISGL_TASK="6")
+    assert given and all(is_given_test(6, n) for n in given), given[:5]
+    assert not set(given) & (set(own) | set(task6))
+    results = {given[0]: {"outcome": "passed", "reason": ""}, own[0]: {"outcome": "passed", "reason": ""}}
+    table, _ = progress_table(results, 6)
+    rows = [line for line in table.splitlines()[1:]]
+    assert "给定代码自己的测试" in rows[-1] and all("任务" in r for r in rows[:-1]), table
+
+
+def test_task_and_own_run_the_real_tier_only_when_asked(capsys):
+    """--own 从不跑真权重一档；--task K 只在任务 K 含它、并且明说了 --real 时跑；不跑时说为什么。"""
+    import argparse
+
+    from tools.manifest import find_checkpoint
+    from tools.run_tests import _real_tier
+
+    ck = find_checkpoint("ch6")
+
+    def decide(**kw):
+        args = argparse.Namespace(**{"real": False, "real_if_present": True, "own": False, "task": None, **kw})
+        return _real_tier(args, ck), capsys.readouterr().out
+
+    for kw, said in [(dict(own=True), "--own"), (dict(task=7), "任务 7 不含它"), (dict(task=6), "任务 6 含它，")]:
+        ran, out = decide(**kw)
+        assert not ran, kw
+        assert said in out, out

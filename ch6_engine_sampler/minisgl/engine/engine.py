@@ -31,6 +31,16 @@ class _CopyDone:
         pass
 
 
+def available_memory(device: torch.device) -> int | None:
+    """这台机器上还能放 KV 池的字节数（GPU：显存的空闲量；CPU：空闲的物理内存），查不到时 None。
+    _determine_num_pages 只经这一个函数问内存：测试要控制"有多少内存"时，替换的就是它。"""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    if hasattr(os, "sysconf") and "SC_AVPHYS_PAGES" in os.sysconf_names:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return None
+
+
 class ForwardOutput(NamedTuple):
     next_tokens_gpu: torch.Tensor  # (bs,) int32，在引擎的设备上
     next_tokens_cpu: torch.Tensor  # (bs,) int32，在 CPU 上
@@ -138,11 +148,8 @@ class Engine:
         local_kv_heads = div_even(mc.num_kv_heads, config.tp_info.size, allow_replicate=True)  # 本 rank 的头数
         cache_per_page = 2 * mc.head_dim * local_kv_heads * config.page_size * self.dtype.itemsize * mc.num_layers
         useful = config.max_running_req * div_ceil(config.max_seq_len, config.page_size)  # 再多也用不上
-        if self.device.type == "cuda":
-            free = torch.cuda.mem_get_info(self.device)[0]
-        elif hasattr(os, "sysconf") and "SC_AVPHYS_PAGES" in os.sysconf_names:
-            free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        else:
+        free = available_memory(self.device)
+        if free is None:
             raise RuntimeError("这台机器上查不到可用内存：请设置 EngineConfig.num_page_override")
         num_pages = min(useful, int(config.memory_ratio * free) // cache_per_page)
         if num_pages < config.max_running_req:  # 每个同时在跑的请求至少要一页

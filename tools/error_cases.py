@@ -1,0 +1,139 @@
+"""每一章的报错清单：tests/chN/errors.toml（命令行契约在 tests/checkpoint/errors.toml，算第 0 章）。
+
+一条报错：id、任务号、情形（页面上那一行）、异常类型、消息必须含有的片段，可选地列出不许出现的片段。
+片段里的 {名字} 是测试自己的输入（路径、值）回显在报错里的部分：测试给出它的值，页面上写成清单 [echo] 表里的词。
+测试经 tests/harness/errors.py 的 expect_error / expect_exit 查报错；页面上的 {{ errors("ch3", 6) }}
+由 tools/mkdocs_hooks.py 换成这一章任务 6 的报错表。两边读的是同一份清单，所以页面和测试不会说两样话。
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tools.manifest import ROOT, tomllib
+
+PLACEHOLDER = re.compile(r"\{(\w+)\}")
+EXIT = "SystemExit"  # 命令行的报错：sys.exit("错误：…")，或者命令行解析（argparse）的 error: …
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str  # "ch3/no_weights"
+    chapter: int
+    task: int
+    when: str  # 情形，页面上那一行（Markdown）
+    raises: tuple[str, ...]  # 异常类名（几个都可以时列出几个）；"SystemExit" 表示命令行退出
+    message: tuple[str, ...] = ()  # 必须含有的片段
+    absent: tuple[str, ...] = ()  # 不许出现的片段
+    argparse: bool = False  # 命令行解析报的错：最后一行是 argparse 的 error: …，不是 错误：…
+    words: bool = False  # 片段要是独立的词："prefill" 里的 fi 不算 fi
+    echo: dict = field(default_factory=dict, compare=False, hash=False)  # 占位符 -> 页面上的词
+
+    @property
+    def label(self) -> str:
+        return " 或 ".join(self.raises)
+
+    def fragments(self, values: dict, which: str = "message") -> list[str]:
+        """把占位符换成测试给的值；测试没给的占位符是测试写错了。整个片段就是一个占位符、值是列表时
+        （比如剩下的每一个键），列表里的每一项各是一个片段。"""
+        out = []
+        for frag in getattr(self, which):
+            missing = [n for n in PLACEHOLDER.findall(frag) if n not in values]
+            if missing:
+                raise TypeError(f"{self.id}：片段 {frag!r} 要测试给出 {'、'.join(missing)}")
+            whole = PLACEHOLDER.fullmatch(frag)
+            if whole and isinstance(values[whole.group(1)], (list, tuple)):
+                out += [str(v) for v in values[whole.group(1)]]
+            else:
+                out.append(PLACEHOLDER.sub(lambda m: str(values[m.group(1)]), frag))
+        return out
+
+
+def contains(c: Case, text: str, frag: str) -> bool:
+    """text 里有没有 frag；c.words 时要求前后不是字母、数字、下划线。"""
+    if not c.words:
+        return frag in text
+    return re.search(rf"(?<![A-Za-z0-9_]){re.escape(frag)}(?![A-Za-z0-9_])", text) is not None
+
+
+def data_file(folder: str) -> Path:
+    return ROOT / "tests" / folder / "errors.toml"
+
+
+def chapter_of(folder: str) -> int:
+    return 0 if folder == "checkpoint" else int(folder.removeprefix("ch"))
+
+
+def folders() -> list[str]:
+    """有报错清单的测试目录：ch1 … ch6、checkpoint。"""
+    return sorted(p.parent.name for p in (ROOT / "tests").glob("*/errors.toml"))
+
+
+@functools.cache
+def load(folder: str) -> dict[str, Case]:
+    """tests/<folder>/errors.toml 的全部报错，按 id（"<folder>/<名字>"），保持文件里的顺序。"""
+    data = tomllib.loads(data_file(folder).read_text(encoding="utf-8"))
+    echo = data.get("echo", {})
+    out: dict[str, Case] = {}
+    for c in data.get("case", []):
+        raises = c["raises"] if isinstance(c["raises"], list) else [c["raises"]]
+        item = Case(id=f"{folder}/{c['id']}", chapter=chapter_of(folder), task=c["task"], when=c["when"],
+                    raises=tuple(raises), message=tuple(c.get("message", [])), absent=tuple(c.get("absent", [])),
+                    argparse=c.get("argparse", False), words=c.get("words", False), echo=echo)
+        if item.id in out:
+            raise ValueError(f"{data_file(folder)}：id {c['id']!r} 出现了两次")
+        out[item.id] = item
+    return out
+
+
+def case(case_id: str) -> Case:
+    folder = case_id.split("/")[0]
+    cases = load(folder)
+    if case_id not in cases:
+        raise KeyError(f"tests/{folder}/errors.toml 里没有 {case_id!r}")
+    return cases[case_id]
+
+
+# ---------------------------------------------------------------- 页面上的报错表
+
+def _code(text: str) -> str:
+    """行内代码；片段里有反引号时用双反引号包起来。"""
+    return f"`` {text} ``" if "`" in text else f"`{text}`"
+
+
+def render_fragment(c: Case, frag: str) -> str:
+    """片段写成行内代码，占位符写成 {页面上的词}；整个片段就是一个占位符时只写那个词。"""
+    if frag == "\n":
+        return "换行"
+    whole = PLACEHOLDER.fullmatch(frag)
+    if whole:
+        return c.echo[whole.group(1)]
+    return _code(PLACEHOLDER.sub(lambda m: "{" + c.echo[m.group(1)] + "}", frag))
+
+
+def render_raises(c: Case) -> str:
+    if c.raises == (EXIT,):
+        if c.argparse:
+            return "非 0 退出，最后一行是命令行解析的 `error: …`（第 6 章起 `错误：…`）"
+        return "非 0 退出，最后一行 `错误：…`"
+    return " 或 ".join(f"`{r}`" for r in c.raises)
+
+
+def render_table(folder: str, task: int | None = None) -> str:
+    """一章（一个任务）的报错表：情形、异常、消息里要有（和不许有）的片段。"""
+    rows = [c for c in load(folder).values() if task is None or c.task == task]
+    if not rows:
+        raise ValueError(f"tests/{folder}/errors.toml 里没有任务 {task} 的报错")
+    out = ["| 情形 | 异常 | 消息里要有 |", "|---|---|---|"]
+    for c in rows:
+        need = "、".join(render_fragment(c, f) for f in c.message) or "—"
+        if c.words:
+            need += "（都是独立的词）"
+        if c.absent:
+            need += "；不能有 " + "、".join(render_fragment(c, f) for f in c.absent)
+        cells = [c.when, render_raises(c), need]
+        out.append("| " + " | ".join(cell.replace("|", "\\|").replace("\n", " ") for cell in cells) + " |")
+    return "\n".join(out)
