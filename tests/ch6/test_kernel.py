@@ -1,8 +1,8 @@
-"""minisgl.kernel：C++ 小批量矩阵乘（1~8 行）和它的 F.linear 退路，在每台机器上都跑两条路。
+"""minisgl.kernel：C++ 矩阵乘（1~8 行的 small_linear、更多行的 gemm）和它的 F.linear 退路，在每台机器上都跑两条路。
 
 - 有 C++ 编译器和 ninja 的机器上核必须编得出来（CI 有 gcc）：编不出来就失败，不悄悄退回 F.linear；
 - 核的结果和 float64 的参考只差 fp32 的舍入，在不好对齐的形状上（in 不是向量宽度的倍数、out 不是 4 的倍数、
-  1~8 行、有没有 bias、输入不连续）逐个核对；多于 8 行、别的 dtype 的线性层结果就是 F.linear；
+  1~8 行和 prefill 的多行、有没有 bias、输入不连续）逐个核对；别的 dtype、不是二维的输入，线性层结果就是 F.linear；
 - 退路（MINISGL_KERNEL=off、编译失败）打印一行原因，之后各层用 F.linear 和前几章的算式；
 - 缓存按源码内容分开；
 - 经由 Engine，两条路都和 HF 逐 token 相同。
@@ -49,7 +49,7 @@ def test_kernel_builds_where_a_compiler_is():
         assert _ext() is None
 
 
-@pytest.mark.parametrize("rows", range(1, 9))
+@pytest.mark.parametrize("rows", [*range(1, 9), 9, 13, 30, 67])  # 9 行起是 gemm：凑不满一块输入行、凑不满一块权重行
 @pytest.mark.parametrize("out,inp", SHAPES)
 @pytest.mark.parametrize("has_bias", [True, False])
 def test_kernel_matches_float64(rows, out, inp, has_bias):
@@ -60,7 +60,7 @@ def test_kernel_matches_float64(rows, out, inp, has_bias):
     g = torch.Generator().manual_seed(rows * 1000 + out)
     x, w = torch.randn(rows, inp, generator=g), torch.randn(out, inp, generator=g) * 0.05
     b = torch.randn(out, generator=g) if has_bias else None
-    got = ext.small_linear(x, w, b)
+    got = (ext.small_linear if rows <= ext.max_rows else ext.gemm)(x, w, b)
     ref = F.linear(x.double(), w.double(), None if b is None else b.double())
     scale = x.double().abs() @ w.double().abs().t() + (0 if b is None else b.double().abs())
     assert got.shape == (rows, out) and got.dtype == torch.float32 and got.is_contiguous()
@@ -88,20 +88,21 @@ def test_kernel_result_does_not_depend_on_thread_count():
     if ext is None:
         assert not _has_toolchain()
         return
-    x, w = torch.randn(4, 1000), torch.randn(3001, 1000)
+    w = torch.randn(3001, 1000)
     before = torch.get_num_threads()
-    try:
-        outs = []
-        for t in (1, 2, 3):
-            torch.set_num_threads(t)
-            outs.append(ext.small_linear(x, w, None))
-    finally:
-        torch.set_num_threads(before)
-    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+    for fn, x in ((ext.small_linear, torch.randn(4, 1000)), (ext.gemm, torch.randn(45, 1000))):
+        try:
+            outs = []
+            for t in (1, 2, 3):
+                torch.set_num_threads(t)
+                outs.append(fn(x, w, None))
+        finally:
+            torch.set_num_threads(before)
+        assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
 
 
-def test_linear_uses_the_kernel_for_1_to_8_rows():
-    """ext.linear（线性层绑定的那个）：1~8 行的二维输入就是 small_linear 的结果，逐位相同。"""
+def test_linear_uses_small_linear_for_1_to_8_rows_and_gemm_above():
+    """ext.linear（线性层绑定的那个）：1~8 行的二维输入就是 small_linear 的结果，更多行就是 gemm 的，逐位相同。"""
     ext = _ext()
     if ext is None:
         assert not _has_toolchain()
@@ -110,17 +111,19 @@ def test_linear_uses_the_kernel_for_1_to_8_rows():
     for rows in (1, 4, 8):
         x = torch.randn(rows, 70)
         assert torch.equal(ext.linear(x, w, b), ext.small_linear(x, w, b))
+    for rows in (9, 32, 130):
+        x = torch.randn(rows, 70)
+        assert torch.equal(ext.linear(x, w, b), ext.gemm(x, w, b))
 
 
-@pytest.mark.parametrize("case", ["9 行", "float64", "bfloat16", "一维输入"])
+@pytest.mark.parametrize("case", ["float64", "bfloat16", "一维输入"])
 def test_everything_else_goes_to_f_linear(case):
-    """核只管 CPU 上 1~8 行的 fp32 二维输入；别的（prefill 的多行、别的 dtype 的层）原样交给 F.linear，结果逐位相同。"""
+    """核只管 CPU 上 fp32 的二维输入；别的（别的 dtype 的层、不是二维的输入）原样交给 F.linear，结果逐位相同。"""
     from minisgl.distributed import set_tp_info
     from minisgl.layers import LinearReplicated
     from minisgl.utils import torch_dtype
 
-    x, w, b = {"9 行": (torch.randn(9, 16), torch.randn(5, 16), torch.randn(5)),
-               "float64": (torch.randn(2, 16).double(), torch.randn(5, 16).double(), None),
+    x, w, b = {"float64": (torch.randn(2, 16).double(), torch.randn(5, 16).double(), None),
                "bfloat16": (torch.randn(2, 16).bfloat16(), torch.randn(5, 16).bfloat16(), None),
                "一维输入": (torch.randn(16), torch.randn(5, 16), None)}[case]
     set_tp_info(0, 1)
@@ -142,6 +145,12 @@ def test_shape_mismatch_is_refused_in_one_line():
     assert msg == f"small_linear: shapes {list(x.shape)} and {list(w.shape)} do not match"
     with pytest.raises(RuntimeError, match="at most 8 rows"):
         ext.small_linear(torch.randn(9, 16), torch.randn(5, 16))
+    with pytest.raises(RuntimeError) as e:
+        ext.gemm(torch.randn(20, 16), w)
+    assert str(e.value).splitlines()[0] == "gemm: shapes [20, 16] and [5, 15] do not match"
+    with pytest.raises(RuntimeError) as e:
+        ext.gemm(torch.randn(20, 15), w, torch.randn(4))
+    assert str(e.value).splitlines()[0] == "gemm: bias must be CPU fp32 of 5"
 
 
 # ---------------------------------------------------------------- 退路：说一行原因，之后就是 PyTorch 的写法

@@ -76,7 +76,7 @@ def test_ratios_and_throughput_agree_with_the_times(text):
     floor, skeleton, hf, engine = (rows[bench.ROWS[k]] for k in ("floor", "skeleton", "hf", "engine"))
     llama = rows.get(bench.ROWS["llama"])
     assert floor[0] == floor[1], "下限和 batch 大小无关：bs=1、bs=4 应该相同"
-    for name, (d1, d4, _p1, _p4, tps1, tps4) in rows.items():
+    for name, (d1, d4, _p1, _p4, tps1, tps4) in rows.items():  # prefill 两列：1×32、4×32 的提示词
         if name in (bench.ROWS["skeleton"], bench.ROWS["llama"]) and d1 is None:
             continue  # 骨架只会 Qwen3；llama.cpp 只量 bs=1 的 decode
         assert d1 is not None and tps1 == pytest.approx(1000 / d1, rel=_rounding(d1), abs=0.06), name
@@ -88,13 +88,18 @@ def test_ratios_and_throughput_agree_with_the_times(text):
              "hf/engine": (_rounding(hf[0], engine[0]), _rounding(hf[1], engine[1])),
              "skeleton/engine": (_rounding(skeleton[0], engine[0]), 0),
              "engine bs4/bs1": (_rounding(engine[1], engine[0]), 0),
-             "engine/llama": (_rounding(engine[0], llama[0] if llama else None), 0)}
+             "engine/llama": (_rounding(engine[0], llama[0] if llama else None), 0),
+             "hf/engine prefill": (_rounding(hf[2], engine[2]), _rounding(hf[3], engine[3])),
+             "engine/llama prefill": (_rounding(engine[2], llama and llama[2]),
+                                      _rounding(engine[3], llama and llama[3]))}
     expected = {"engine/floor": (engine[0] / floor[0], engine[1] / floor[1]),
                 "hf/engine": (hf[0] / engine[0], hf[1] / engine[1]),
                 "skeleton/engine": (None if skeleton[0] is None else skeleton[0] / engine[0], None),
-                "engine bs4/bs1": (engine[1] / engine[0], None)}
+                "engine bs4/bs1": (engine[1] / engine[0], None),
+                "hf/engine prefill": (hf[2] / engine[2], hf[3] / engine[3])}
     if llama is not None:
         expected["engine/llama"] = (engine[0] / llama[0], None)
+        expected["engine/llama prefill"] = (engine[2] / llama[2], engine[3] / llama[3])
     written = {r[0]: (num(r[1]), num(r[2])) for r in ratios[1:]}
     for key, label in bench.RATIOS.items():
         if key not in expected:
@@ -111,6 +116,18 @@ def _rounding(*shown: float | None) -> float:
     return sum(0.05 / x for x in shown if x) + 1e-3
 
 
+def test_peer_line_agrees_with_the_llama_row(text):
+    """有 llama.cpp 那一行时，表下面折合的读带宽 = 权重 MiB / 它的 decode 每步用时，"比下限还快"的判断和数对得上。"""
+    times, _ = parse(text)
+    llama = next((r for r in times if r[0] == bench.ROWS["llama"]), None)
+    m = re.search(r"折合读权重 ([\d.]+) GB/s（(\d+) MiB / 每步用时），下限用的读带宽 ([\d.]+) GB/s：(.)", text)
+    assert (m is None) == (llama is None), "llama.cpp 那一行和折合读带宽那一句要么都有，要么都没有"
+    if m:
+        peer, mib, floor, verdict = float(m[1]), int(m[2]), float(m[3]), m[4]
+        assert peer == pytest.approx(mib * 2**20 / (float(llama[1]) / 1e3) / 1e9, rel=_rounding(float(llama[1])) + 2e-3)
+        assert (verdict == "比") == (peer > floor), m[0]
+
+
 def test_memory_line_is_consistent(text):
     m = re.search(r"峰值增量：([\d.]+) GiB；权重 \+ KV 池 = ([\d.]+) GiB（差 ([+-][\d.]+) GiB）", text)
     assert m, "缺少加载 Engine 时的峰值内存那一行"
@@ -122,8 +139,8 @@ KERNELS = SNIPPET.parent / "bench_kernels.md"
 
 
 def test_kernel_table_is_what_bench_kernels_writes():
-    """附录引用的线性层核的表：抬头写着命令、机器和核的编译设置，列是脚本比较的三种做法，行是 1~8 行，
-    GB/s 由 MiB 和 ms 算得出。"""
+    """附录引用的线性层核的表：抬头写着命令、机器和核的编译设置，列是脚本比较的几种做法，行是 bench.kernels.ROWS，
+    GFLOP/s、GB/s 由行数、MiB 和 ms 算得出（sum() 那一列只读不算，没有 GFLOP/s）。"""
     from tools.bench import kernels as bench_kernels
 
     assert KERNELS.is_file(), f"{KERNELS} 不存在：运行 {bench_kernels.COMMAND} 生成它"
@@ -135,8 +152,13 @@ def test_kernel_table_is_what_bench_kernels_writes():
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in text.splitlines()
             if line.startswith("|") and not re.fullmatch(r"\|(---\|)+", line)]
     assert rows[0] == bench_kernels.COLUMNS
-    assert [r[0] for r in rows[1:]] == ["1", "2", "4", "8"]
+    assert [r[0] for r in rows[1:]] == [str(n) for n in bench_kernels.ROWS]
     for r in rows[1:]:
-        for cell in r[1:]:
-            ms, gbps = map(float, re.fullmatch(r"([\d.]+) ms，([\d.]+) GB/s", cell).groups())
+        for i, cell in enumerate(r[1:]):
+            m = re.fullmatch(r"([\d.]+) ms，(?:(\d+) GFLOP/s，)?([\d.]+) GB/s", cell)
+            assert m and (m[2] is None) == (i == len(r) - 2), cell
+            ms, gbps = float(m[1]), float(m[3])
             assert gbps == pytest.approx(mib * 2**20 / (ms / 1e3) / 1e9, rel=0.01, abs=0.06), cell
+            if m[2]:  # 2·行数·权重个数 / 秒；表里取整到 1 GFLOP/s
+                want = 2 * int(r[0]) * mib * 2**20 / 4 / (ms / 1e3) / 1e9
+                assert float(m[2]) == pytest.approx(want, rel=0.01, abs=0.6), cell

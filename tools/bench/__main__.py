@@ -30,7 +30,8 @@ from tools.bench.machine import kernel_summary, machine_line
 from tools.bench.memory import PeakRSS, huge_page_line, read_bandwidth
 from tools.bench.profile import profile_engine_decode
 from tools.bench.report import BATCH_SIZES, COMMAND, COMMAND_SMOLLM2, SNIPPET, SNIPPET_SMOLLM2, render
-from tools.bench.timing import PROMPTS, Timing, load_engine, load_skeleton, time_engine, time_hf, time_skeleton
+from tools.bench.timing import (PREFILL_TOKENS, PROMPTS, Timing, load_engine, load_skeleton, prefill_ids, time_engine,
+                                time_engine_prefill, time_hf, time_hf_prefill, time_skeleton, time_skeleton_prefill)
 from tools.manifest import use_checkpoint
 from tools.models import SMOLLM2, find_model, has_weights
 
@@ -74,6 +75,7 @@ def pick_model(args: argparse.Namespace) -> str:
 class Measured:
     results: dict[str, Timing]  # report.ROWS 的键 -> 最快的一轮
     bandwidth: str  # "29.7 GB/s（怎么量的）"
+    gbps: float  # 下限用的读带宽
     profile: str  # profile.profile_engine_decode 的那一行
 
 
@@ -95,12 +97,20 @@ def measure(args: argparse.Namespace, path: str, engine, llama: LlamaBench | Non
             if llama and bs == 1:  # 紧挨着 Engine 的 bs=1 测：表里比的正是这一对，机器忙的那一阵多半落在两者头上
                 res["llama"].keep_best("decode", 1, llama.decode_seconds(args.steps))
             res["hf"].keep(bs, time_hf(hf, tok, PROMPTS[:bs], args.steps))
+        for bs in BATCH_SIZES:  # prefill 的两列：bs 个 32 token 的提示词；llama.cpp 紧挨着量同样多的 token
+            pids = prefill_ids(tok, bs)
+            res["engine"].keep_best("prefill", bs, time_engine_prefill(engine, pids))
+            if llama:
+                res["llama"].keep_best("prefill", bs, llama.prefill_seconds(bs * PREFILL_TOKENS))
+            res["hf"].keep_best("prefill", bs, time_hf_prefill(hf, pids))
         if skel is not None:  # 骨架不能批处理：只有 bs=1
-            res["skeleton"].keep(1, time_skeleton(skel, ids, args.steps))
+            res["skeleton"].keep_best("decode", 1, time_skeleton(skel, ids, args.steps)[1])
+            res["skeleton"].keep_best("prefill", 1, time_skeleton_prefill(skel, prefill_ids(tok, 1)[0]))
         print(f"第 {r + 1}/{args.repeat} 轮：Engine {res['engine'].decode[1] * 1e3:.1f} / "
-              f"{res['engine'].decode[4] * 1e3:.1f} ms/步（bs=1 / bs=4，到目前最快）", flush=True)
+              f"{res['engine'].decode[4] * 1e3:.1f} ms/步（bs=1 / bs=4，到目前最快），"
+              f"prefill {res['engine'].prefill[1] * 1e3:.0f} / {res['engine'].prefill[4] * 1e3:.0f} ms", flush=True)
     res["floor"] = Timing({bs: weight_bytes(engine) / (gbps * 1e9) for bs in BATCH_SIZES}, {})
-    return Measured(res, f"{gbps:.1f} GB/s（{how}）", profile_engine_decode(engine, tok))
+    return Measured(res, f"{gbps:.1f} GB/s（{how}）", gbps, profile_engine_decode(engine, tok))
 
 
 def weight_bytes(engine) -> int:
@@ -124,7 +134,20 @@ def header(args: argparse.Namespace, argv: list[str], path: str, engine, rss: Pe
             "kernels": f"{kernel_summary()}；{pages}（Engine 加载共 {load_seconds:.1f} 秒）",
             "steps": str(args.steps), "repeat": str(args.repeat), "weights_kv": f"{(weights + kv) / gib:.2f} GiB",
             "peak_rss": "量不到（没有 /proc/self/clear_refs）" if rss.delta is None else f"{rss.delta / gib:.2f} GiB",
-            "rss_over": "—" if rss.delta is None else f"{(rss.delta - weights - kv) / gib:+.2f} GiB"}
+            "rss_over": "—" if rss.delta is None else f"{(rss.delta - weights - kv) / gib:+.2f} GiB",
+            "peer": peer_line(measured, weights)}
+
+
+def peer_line(measured: Measured, weights: int) -> str:
+    """llama.cpp 的 decode 折合成每秒读多少权重，和下限用的读带宽并排；它读得比下限还快时明说。"""
+    llama = measured.results.get("llama")
+    if llama is None or not llama.decode.get(1):
+        return ""
+    peer = weights / llama.decode[1] / 1e9
+    verdict = ("比这里量到的读带宽还快：下限不是真的下限（这台机器能读得更快，Engine / 下限那一行要打折看）"
+               if peer > measured.gbps else "没有超过这里量到的读带宽")
+    return (f"llama.cpp 的 decode bs=1 折合读权重 {peer:.1f} GB/s（{weights / 2**20:.0f} MiB / 每步用时），"
+            f"下限用的读带宽 {measured.gbps:.1f} GB/s：{verdict}。")
 
 
 def main(argv: list[str] | None = None) -> None:

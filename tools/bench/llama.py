@@ -1,4 +1,5 @@
-"""llama.cpp 作对照（可选）：用它自己的 convert_hf_to_gguf.py 把同一个模型转成 F32 GGUF，再用 llama-bench 量 decode。
+"""llama.cpp 作对照（可选）：用它自己的 convert_hf_to_gguf.py 把同一个模型转成 F32 GGUF，再用 llama-bench 量
+decode（-n）和 prefill（-p）。
 
 llama.cpp 不是课程的依赖，怎么编见附录"拿 llama.cpp 作对照"。它的转换脚本要 sentencepiece：这是可选依赖
 （pyproject.toml 的 llama-cpp 一组），没装就说一行怎么装，不替你装。
@@ -56,11 +57,18 @@ class LlamaBench:
                     return str(cand)
         raise SystemExit(f"错误：在 {binary} 的上级目录里找不到 convert_hf_to_gguf.py：用 --llama-convert 指定")
 
-    def decode_seconds(self, steps: int) -> float:
-        """llama-bench -p 0 -n steps：只量生成（decode），返回每个 token 的秒数。"""
-        cmd = [self.binary, "-m", self.gguf, "-p", "0", "-n", str(steps), "-t", str(self.threads), "-r", "1",
+    def _tokens_per_second(self, prompt: int, gen: int) -> float:
+        cmd = [self.binary, "-m", self.gguf, "-p", str(prompt), "-n", str(gen), "-t", str(self.threads), "-r", "1",
                "-o", "json"]
         res = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if res.returncode != 0:
             raise SystemExit(f"错误：{' '.join(cmd)} 失败：{_last_line(res.stderr)}")
-        return 1 / json.loads(res.stdout)[0]["avg_ts"]
+        return json.loads(res.stdout)[0]["avg_ts"]
+
+    def decode_seconds(self, steps: int) -> float:
+        """llama-bench -p 0 -n steps：只量生成（decode），返回每个 token 的秒数。"""
+        return 1 / self._tokens_per_second(0, steps)
+
+    def prefill_seconds(self, tokens: int) -> float:
+        """llama-bench -p tokens -n 0：只量处理提示词（一个 tokens 长的序列），返回整个 prefill 的秒数。"""
+        return tokens / self._tokens_per_second(tokens, 0)

@@ -51,6 +51,6 @@ def kernel_summary() -> str:
     ext = kernel.extension()
     if ext is None:
         return "全用 F.linear（C++ 核用不了，原因见运行时打印的那一行）"
-    rows, cols = ext.tile
+    (rows, cols), (grows, gcols) = ext.tile, ext.gemm_tile
     return (f"C++ small_linear（1~{ext.max_rows} 行；每次 {ext.vector_width} 个 float 的向量，"
-            f"{rows} 行权重 × {cols} 行输入一块；更多行走 F.linear）")
+            f"{rows} 行权重 × {cols} 行输入一块）和 gemm（更多行；{grows} 行权重 × {gcols} 行输入一块）")

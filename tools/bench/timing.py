@@ -17,6 +17,11 @@ from tools.manifest import ROOT
 
 PROMPTS = ["The capital of France is", "List three prime numbers:", "def fibonacci(n):", "Once upon a time,"]
 MAX_SEQ_LEN = 256  # 一个请求最多几个位置（和里程碑一样）
+PREFILL_TOKENS = 32  # prefill 那两列：1 个、4 个这么长的提示词（和 llama.cpp 的 -p 32、-p 128 比）
+TEXT = ("Large language models generate text one token at a time. Serving many users at once means batching "
+        "their requests, keeping each request's key and value cache in pages, and reading the weights once per "
+        "step for the whole batch. "
+        "大模型一次生成一个 token：同时服务很多人，就要把请求攒成一批，每个请求的 KV 放进分页的池子里。")
 
 
 @dataclass
@@ -52,6 +57,13 @@ def load_engine(path: str):
                                max_seq_len_override=MAX_SEQ_LEN))
 
 
+def prefill_ids(tok, bs: int, n: int = PREFILL_TOKENS) -> list[list[int]]:
+    """bs 个各 n 个 token 的提示词（同一段文字接着往下切，每个都不一样）。"""
+    ids = tok(TEXT).input_ids
+    ids = (ids * (bs * n // len(ids) + 1))[:bs * n]
+    return [ids[i * n:(i + 1) * n] for i in range(bs)]
+
+
 def engine_requests(engine, tok, prompts: list[str], n: int) -> Callable[[str], object]:
     """像第 6 章的 generate.py 那样收下请求（TableManager、CacheManager、add_req），返回做一步的函数：
     就是 generate.py 的 step（prepare_batch → forward_batch → process_output），在 inference_mode 里跑。"""
@@ -62,8 +74,8 @@ def engine_requests(engine, tok, prompts: list[str], n: int) -> Callable[[str], 
     with torch.inference_mode():
         table = TableManager(engine.config.max_running_req, engine.page_table)
         cache = CacheManager(engine.num_pages, engine.config.page_size, engine.page_table)
-        reqs = [add_req(engine, table, tok(p).input_ids, SamplingParams(max_tokens=n), uid)
-                for uid, p in enumerate(prompts)]
+        reqs = [add_req(engine, table, p if isinstance(p, list) else tok(p).input_ids, SamplingParams(max_tokens=n),
+                        uid) for uid, p in enumerate(prompts)]
 
     def one_step(phase: str) -> object:
         with torch.inference_mode():
@@ -77,6 +89,26 @@ def time_engine(engine, tok, prompts: list[str], n: int) -> tuple[float, float]:
     one_step = engine_requests(engine, tok, prompts, n)
     times = [_timed(lambda: one_step(phase)) for phase in ["prefill"] + ["decode"] * (n - 1)]
     return times[0], sum(times[1:]) / (n - 1)
+
+
+def time_engine_prefill(engine, ids: list[list[int]]) -> float:
+    """只有 prefill 一步（提示词是 token id）：调度器一步的全部活都算在里面。"""
+    one_step = engine_requests(engine, None, ids, 1)
+    return _timed(lambda: one_step("prefill"))
+
+
+def time_hf_prefill(model, ids: list[list[int]]) -> float:
+    """HF generate 生成 1 个 token：一次 prefill（提示词一样长，不用补齐）。"""
+    t = torch.tensor(ids)
+    with torch.inference_mode():
+        return _timed(lambda: model.generate(input_ids=t, attention_mask=torch.ones_like(t), max_new_tokens=1,
+                                             min_new_tokens=1, do_sample=False))
+
+
+def time_skeleton_prefill(g: dict, ids: list[int]) -> float:
+    kv = [None] * g["cfg"]["num_hidden_layers"]
+    with torch.inference_mode():
+        return _timed(lambda: g["forward"](torch.tensor(ids), torch.arange(len(ids)), kv))
 
 
 def time_hf(model, tok, prompts: list[str], steps: int) -> tuple[float, float]:

@@ -6,6 +6,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using pybind11::arg;
   m.def("linear", &linear, arg("x"), arg("w"), arg("b") = py::none());  // 线性层绑定的是它
   m.def("small_linear", &small_linear, arg("x"), arg("w"), arg("b") = py::none());
+  m.def("gemm", &gemm, arg("x"), arg("w"), arg("b") = py::none());
+  m.def("stream_read", &stream_read, arg("x"));  // tools/bench 量读带宽用
   m.def("rms_norm", &rms_norm, arg("x"), arg("weight"), arg("eps"));
   m.def("add_rms_norm", &add_rms_norm, arg("x"), arg("residual"), arg("weight"), arg("eps"));
   m.def("apply_rope", &apply_rope, arg("positions"), arg("query"), arg("key"), arg("cos_sin_cache"), arg("head_dim"));
@@ -16,4 +18,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("max_rows") = kMaxRows;
   m.attr("vector_width") = kWidth;
   m.attr("tile") = py::make_tuple(kTileR, kTileT);
+  m.attr("gemm_tile") = py::make_tuple(kGemmR, kGemmT);
 }

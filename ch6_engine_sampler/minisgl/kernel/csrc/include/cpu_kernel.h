@@ -12,19 +12,25 @@ namespace minisgl {
 #if defined(__AVX512F__)
 constexpr int kWidth = 16;  // 一个向量 16 个 float；32 个向量寄存器
 constexpr int kTileT = 4;   // 4 行权重 × 4 行输入 = 16 个累加器，再加 4 个权重、1 个输入，不溢出
+constexpr int kGemmR = 4;   // prefill 的块：和 decode 一样 4 × 4
 #elif defined(__AVX__)
 constexpr int kWidth = 8;   // AVX2 只有 16 个向量寄存器：4 × 2 = 8 个累加器 + 4 + 1
 constexpr int kTileT = 2;
+constexpr int kGemmR = 3;   // prefill 的块：3 行权重 × 4 行输入 = 12 个累加器 + 3 + 1，正好 16 个
 #else
 constexpr int kWidth = 4;   // SSE / ARM NEON：128 位
 #if defined(__aarch64__)
 constexpr int kTileT = 4;   // NEON 有 32 个寄存器
+constexpr int kGemmR = 4;
 #else
 constexpr int kTileT = 2;
+constexpr int kGemmR = 3;
 #endif
 #endif
 constexpr int kTileR = 4;     // 一次读 4 行权重
-constexpr int kMaxRows = 8;   // 小批量矩阵乘最多管几行；更多行（prefill）是算力的活，交给 MKL
+constexpr int kMaxRows = 8;   // 小批量矩阵乘最多管几行；更多行（prefill）是算力的活，走 gemm
+constexpr int kGemmT = 4;     // prefill 一块的输入行数
+constexpr int kGemmM = 24;    // prefill 时一个线程一次拿 24 行权重（kGemmR 的倍数），它们留在 L2 里给所有输入行用
 
 typedef float vec __attribute__((vector_size(kWidth * sizeof(float))));
 
@@ -46,7 +52,9 @@ using torch::Tensor;
 
 // small_linear.cpp
 Tensor small_linear(const Tensor& x, const Tensor& w, const c10::optional<Tensor>& b);
+Tensor gemm(const Tensor& x, const Tensor& w, const c10::optional<Tensor>& b);
 Tensor linear(const Tensor& x, const Tensor& w, const c10::optional<Tensor>& b);
+double stream_read(const Tensor& x);
 
 // decode_ops.cpp
 Tensor rms_norm(const Tensor& x, const Tensor& w, double eps);
