@@ -12,7 +12,7 @@ import os
 import time
 from pathlib import Path
 
-from tools.manifest import ROOT, Task, checkpoint_files, load_manifest, load_tasks
+from tools.manifest import ROOT, Task, checkpoint_files, is_given_test, load_manifest, load_tasks
 from tools.task_table import chapter_of_test, task_of_test
 
 RECORDS = ROOT / ".cache" / "course"
@@ -73,12 +73,13 @@ def read_start(dest: Path) -> dict | None:
 
 
 def task_summary(results: dict[str, dict], chapter: int) -> list[tuple[Task, int, int, int, str]]:
-    """本章每个任务：(任务, 通过的测试数, 没通过的测试数, 跳过的测试数, 第一个没通过的测试 "名字：原因" 或 "")。"""
+    """本章每个任务：(任务, 通过的测试数, 没通过的测试数, 跳过的测试数, 第一个没通过的测试 "名字：原因" 或 "")。
+    给定代码自己的测试不算进任何任务（和 check 的进度表一样，tools/task_table.py）。"""
     tasks = load_tasks().get(chapter, [])
     rows = {t.number: [t, 0, 0, 0, ""] for t in tasks}
     for nodeid, r in results.items():
         task = task_of_test({chapter: tasks}, nodeid, chapter) if chapter_of_test(nodeid, chapter) == chapter else None
-        if task is None:
+        if task is None or is_given_test(chapter, nodeid):
             continue
         row = rows[task.number]
         i = {"passed": 1, "skipped": 3}.get(r["outcome"], 2)
@@ -140,7 +141,7 @@ def progress_report(dirs: list[Path], shown=lambda p: str(p)) -> str:
             if check["selection"].startswith("task"):  # --task K 只跑了一个任务：别的任务没有结果，不算没通过
                 summary = [row for row in summary if f"task {row[0].number}" == check["selection"]]
                 tasks = "—"
-            each = "  ".join(f"{t.number}:{ok}/{ok + bad}" + (f"（{skip} 跳过）" if skip else "")
+            each = "  ".join(f"{t.number}:{ok}/{ok + bad + skip}" + (f"（{skip} 跳过）" if skip else "")
                              for t, ok, bad, skip, _ in summary)
             regress = sum(1 for n, r in check["results"].items() if r["outcome"] in ("failed", "error")
                           and chapter_of_test(n, check["chapter"]) != check["chapter"])

@@ -77,6 +77,14 @@ def _check_previous(mine: Path, prev) -> bool:
     from tools.task_table import progress_table
 
     tag = prev.name.split("_")[0]
+    record = read_check(mine)
+    if record and not record["stale"] and record["selection"] in ("all", "own") and not first_failure(
+            record["results"], prev.chapter):  # check 刚测过这份代码、本章的任务全过：不再重跑
+        when = time.strftime("%H:%M", time.localtime(record["when"]))
+        tasks = len(task_summary(record["results"], prev.chapter))
+        print(f"{mine.name} 在 {when} 的 check 里通过了第 {prev.chapter} 章的全部 {tasks} 个任务，"
+              "之后代码没改过：不再重跑检查。", flush=True)
+        return True
     print(f"先检查 {mine.name}：按第 {prev.chapter} 章的任务测（不跑前面各章的回归和真权重一档；"
           f"--force 跳过这一步）……", flush=True)
     t0 = time.time()

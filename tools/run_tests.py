@@ -99,8 +99,8 @@ def main() -> int:
 def _real_present() -> bool:
     """course.py check（--real-if-present）：有真模型就带上真权重一档，没有就说一声。"""
     real = find_model()
-    skip = "跳过（models/ 下没有真模型；python -m tools.make_smollm2 做一个）"
-    print(f"真权重一档：{'用 ' + str(real.path) if real else skip}", flush=True)
+    if real is None:
+        print("真权重一档：跳过（models/ 下没有真模型；python -m tools.make_smollm2 做一个）", flush=True)
     return real is not None
 
 
@@ -172,6 +172,8 @@ def _real_tier(args, ck) -> bool:
     if why:
         print(f"真权重一档不适用：{why}", flush=True)
         return False
+    if real is not None:
+        print(f"真权重一档：用 {real.path}", flush=True)
     return True
 
 

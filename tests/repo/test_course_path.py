@@ -22,7 +22,8 @@ from types import SimpleNamespace
 import pytest
 
 from tests.harness.procs import collect
-from tools.manifest import checkpoint_files, load_manifest, load_tasks, match
+from tools.manifest import checkpoint_files, is_given_test, load_manifest, load_tasks, match
+from tools.task_table import task_of_test
 from tools.stubs import body, find_stubs, functions
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -309,3 +310,43 @@ def test_progress_says_what_a_record_does_not_cover(tmp_path, monkeypatch):
     assert "回归）有 1 个没过" in row and "--force" in row and "它是第 2 章，不是上一章" in row, row
     (dest / "x.py").write_text("x = 2\n")
     assert "记录比代码旧" in progress_report([dest]), progress_report([dest])
+
+
+def test_progress_leaves_given_code_tests_out_of_the_tasks(tmp_path, monkeypatch):
+    """给定代码自己的测试（tests/tasks.toml 的 given_tests）不算进读者的任务：它没过也不让任务变成 ✗。"""
+    from tools.course_record import progress_report, write_check
+
+    monkeypatch.setenv("MINISGL_COURSE_RECORDS", str(tmp_path / "records"))
+    dest = tmp_path / "my_ch6"
+    dest.mkdir()
+    (dest / "x.py").write_text("x = 1\n")
+    given = "tests/ch6/test_kernel.py::test_small_linear_matches"
+    mine = {f"tests/ch6/test_engine.py::test_task{t.number}_x": {"outcome": "passed", "reason": ""}
+            for t in load_tasks()[6]}
+    assert is_given_test(6, given) and all(task_of_test(load_tasks(), n, 6) for n in mine)
+    write_check(dest, 6, {**mine, given: {"outcome": "failed", "reason": "boom"}}, "all")
+    row = progress_report([dest]).splitlines()[1]
+    k = len(load_tasks()[6])
+    assert f"✓ {k}/{k}" in row, row
+    assert all(f"{t.number}:1/1" in row for t in load_tasks()[6]), row
+
+
+def test_start_from_uses_a_fresh_passing_check(tmp_path, monkeypatch, capsys):
+    """check 刚测过、代码没改过、任务全过：start --from 用那次的记录，不再跑一遍；代码改过就重跑。"""
+    from tools import course_start
+    from tools.course_record import write_check
+
+    monkeypatch.setenv("MINISGL_COURSE_RECORDS", str(tmp_path / "records"))
+    mine = tmp_path / "my_ch3"
+    mine.mkdir()
+    (mine / "x.py").write_text("x = 1\n")
+    runs = []
+    monkeypatch.setattr(course_start.subprocess, "run",
+                        lambda cmd, **kw: runs.append(cmd) or SimpleNamespace(returncode=0, stdout="", stderr=""))
+    passed = {f"tests/ch3/test_loading.py::test_task{t.number}_x": {"outcome": "passed", "reason": ""}
+              for t in load_tasks()[3]}
+    write_check(mine, 3, passed, "all")
+    assert course_start._check_previous(mine, CK[3]) and runs == []
+    assert "不再重跑检查" in capsys.readouterr().out
+    (mine / "x.py").write_text("x = 2\n")
+    assert course_start._check_previous(mine, CK[3]) and len(runs) == 1
