@@ -53,9 +53,12 @@ def timed(cmd: list[str], cwd: Path) -> tuple[float, float, int, str]:
 def warm_kernel(repo: Path, dest: Path) -> None:
     """第 6 章的 C++ 核按源文件的位置缓存：先在这个目录编好，量的是每次 check 都要花的时间。"""
     if (dest / "minisgl" / "kernel").is_dir():
-        code = "from minisgl.kernel.cpu_linear import extension; extension()"
+        # 改动之前的仓库（--repo）里 extension 还在 kernel/cpu_linear.py
+        code = ("import importlib; k = importlib.import_module('minisgl.kernel'); "
+                "f = getattr(k, 'extension', None) or importlib.import_module('minisgl.kernel.cpu_linear').extension; "
+                "assert f() is not None")
         subprocess.run([sys.executable, "-c", code], cwd=repo, env=dict(os.environ, PYTHONPATH=str(dest)),
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
 
 
 def measure(repo: Path, tag: str, tasks: bool, work: Path) -> list[tuple]:

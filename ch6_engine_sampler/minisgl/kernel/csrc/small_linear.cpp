@@ -59,7 +59,7 @@ void rows_tile(const float* x, int64_t n, const float* w, int64_t k, float* y, i
 // --8<-- [end:tile]
 
 // --8<-- [start:gemm]
-// prefill：一个线程的一块权重（最多 kGemmM 行，约 100 KB，留在 L2）× 全部输入。输入 kGemmT 行一组（留在 L1），
+// prefill：一个线程的一块权重（最多 kGemmM 行，k = 1024 时约 100 KB，留在 L2）× 全部输入。输入 kGemmT 行一组（留在 L1），
 // 依次和块里每 kGemmR 行权重算一个小块：小块里每读一个向量做 kGemmR·kGemmT / (kGemmR + kGemmT) 次乘加
 template <int T>
 void gemm_rows(const float* x, const float* w, int64_t rows, int64_t k, float* y, int64_t ldy, const float* b) {
