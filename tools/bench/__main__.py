@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from tools.bench.llama import LlamaBench
-from tools.bench.machine import kernel_summary, machine_line
+from tools.bench.machine import Steady, kernel_summary, machine_line
 from tools.bench.memory import PeakRSS, huge_page_line, read_bandwidth
 from tools.bench.profile import profile_engine_decode
 from tools.bench.report import BATCH_SIZES, COMMAND, COMMAND_SMOLLM2, SNIPPET, SNIPPET_SMOLLM2, render
@@ -77,6 +77,7 @@ class Measured:
     bandwidth: str  # "29.7 GB/s（怎么量的）"
     gbps: float  # 下限用的读带宽
     profile: str  # profile.profile_engine_decode 的那一行
+    steal: str  # Steady.line()：被宿主机限流时重测了几次
 
 
 def measure(args: argparse.Namespace, path: str, engine, llama: LlamaBench | None) -> Measured:
@@ -90,27 +91,29 @@ def measure(args: argparse.Namespace, path: str, engine, llama: LlamaBench | Non
     ids = torch.tensor(tok(PROMPTS[0]).input_ids)
     res = {k: Timing() for k in ("floor", "skeleton", "hf", "engine", *(["llama"] if llama else []))}
     gbps, how = 0.0, ""
+    steady = Steady()  # 每一项都经它量：被宿主机限流的那一阵重测，不留在表里
     for r in range(args.repeat):
-        gbps, how = max((gbps, how), read_bandwidth())
+        gbps, how = max((gbps, how), steady.run(read_bandwidth))
         for bs in BATCH_SIZES:
-            res["engine"].keep(bs, time_engine(engine, tok, PROMPTS[:bs], args.steps + 1))
+            res["engine"].keep(bs, steady.run(lambda: time_engine(engine, tok, PROMPTS[:bs], args.steps + 1)))
             if llama and bs == 1:  # 紧挨着 Engine 的 bs=1 测：表里比的正是这一对，机器忙的那一阵多半落在两者头上
-                res["llama"].keep_best("decode", 1, llama.decode_seconds(args.steps))
-            res["hf"].keep(bs, time_hf(hf, tok, PROMPTS[:bs], args.steps))
+                res["llama"].keep_best("decode", 1, steady.run(lambda: llama.decode_seconds(args.steps)))
+            res["hf"].keep(bs, steady.run(lambda: time_hf(hf, tok, PROMPTS[:bs], args.steps)))
         for bs in BATCH_SIZES:  # prefill 的两列：bs 个 32 token 的提示词；llama.cpp 紧挨着量同样多的 token
             pids = prefill_ids(tok, bs)
-            res["engine"].keep_best("prefill", bs, time_engine_prefill(engine, pids))
+            res["engine"].keep_best("prefill", bs, steady.run(lambda: time_engine_prefill(engine, pids)))
             if llama:
-                res["llama"].keep_best("prefill", bs, llama.prefill_seconds(bs * PREFILL_TOKENS))
-            res["hf"].keep_best("prefill", bs, time_hf_prefill(hf, pids))
+                res["llama"].keep_best("prefill", bs, steady.run(lambda: llama.prefill_seconds(bs * PREFILL_TOKENS)))
+            res["hf"].keep_best("prefill", bs, steady.run(lambda: time_hf_prefill(hf, pids)))
         if skel is not None:  # 骨架不能批处理：只有 bs=1
-            res["skeleton"].keep_best("decode", 1, time_skeleton(skel, ids, args.steps)[1])
-            res["skeleton"].keep_best("prefill", 1, time_skeleton_prefill(skel, prefill_ids(tok, 1)[0]))
+            res["skeleton"].keep_best("decode", 1, steady.run(lambda: time_skeleton(skel, ids, args.steps))[1])
+            res["skeleton"].keep_best("prefill", 1,
+                                      steady.run(lambda: time_skeleton_prefill(skel, prefill_ids(tok, 1)[0])))
         print(f"第 {r + 1}/{args.repeat} 轮：Engine {res['engine'].decode[1] * 1e3:.1f} / "
               f"{res['engine'].decode[4] * 1e3:.1f} ms/步（bs=1 / bs=4，到目前最快），"
               f"prefill {res['engine'].prefill[1] * 1e3:.0f} / {res['engine'].prefill[4] * 1e3:.0f} ms", flush=True)
     res["floor"] = Timing({bs: weight_bytes(engine) / (gbps * 1e9) for bs in BATCH_SIZES}, {})
-    return Measured(res, f"{gbps:.1f} GB/s（{how}）", gbps, profile_engine_decode(engine, tok))
+    return Measured(res, f"{gbps:.1f} GB/s（{how}）", gbps, profile_engine_decode(engine, tok), steady.line())
 
 
 def weight_bytes(engine) -> int:
@@ -132,7 +135,8 @@ def header(args: argparse.Namespace, argv: list[str], path: str, engine, rss: Pe
             "transformers": transformers.__version__, "model": Path(path).name, "weights_mib": f"{weights / 2**20:.0f}",
             "bandwidth": measured.bandwidth, "profile": measured.profile,
             "kernels": f"{kernel_summary()}；{pages}（Engine 加载共 {load_seconds:.1f} 秒）",
-            "steps": str(args.steps), "repeat": str(args.repeat), "weights_kv": f"{(weights + kv) / gib:.2f} GiB",
+            "steps": str(args.steps), "repeat": str(args.repeat), "steal": measured.steal,
+            "weights_kv": f"{(weights + kv) / gib:.2f} GiB",
             "peak_rss": "量不到（没有 /proc/self/clear_refs）" if rss.delta is None else f"{rss.delta / gib:.2f} GiB",
             "rss_over": "—" if rss.delta is None else f"{(rss.delta - weights - kv) / gib:+.2f} GiB",
             "peer": peer_line(measured, weights)}

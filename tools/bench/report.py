@@ -76,7 +76,8 @@ def render(results: dict[str, Timing], meta: dict[str, str]) -> str:
              f"线性层的核：{meta['kernels']}<br>",
              f"一步 decode（bs=1，torch.profiler）：{meta['profile']}<br>",
              (f"以下数字来自**一次运行**（decode 取 {meta['steps']} 步的平均，几个实现轮流测，"
-              f"每项 {meta['repeat']} 轮取最快），换个时间、换台机器都会有起伏；比的是同一次运行里的相对快慢。"), ""]
+              f"每项 {meta['repeat']} 轮取最快），换个时间、换台机器都会有起伏；比的是同一次运行里的相对快慢。"
+              + (f"{meta['steal']}。" if meta.get("steal") else "")), ""]
     lines += time_rows(results) + [""] + ratio_rows(results)
     if meta.get("peer"):  # llama.cpp 的 decode 折合成读权重的带宽，和下限并排
         lines += ["", meta["peer"]]

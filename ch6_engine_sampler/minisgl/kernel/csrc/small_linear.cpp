@@ -14,7 +14,7 @@ namespace {
 
 // --8<-- [start:tile]
 // R 行权重（从 w 开始，每行 k 个）× T 行输入（从 x 开始）：结果写进 y 的 T 行、R 列
-template <int R, int T, bool Stream = true>
+template <int R, int T, bool Prefetch>
 void tile(const float* x, const float* w, int64_t k, float* y, int64_t ldy, const float* b) {
   vec acc[T][R] = {};
   int64_t i = 0;
@@ -22,10 +22,9 @@ void tile(const float* x, const float* w, int64_t k, float* y, int64_t ldy, cons
     vec wv[R];
     for (int r = 0; r < R; ++r) {
       wv[r] = load(w + r * k + i);
-      // decode：下一块权重的同一列先从内存取来：输入多于 T 行、同一块要再算一遍时，内存也不闲着。
-      // 最后的 0 是"不再用"（prefetchnta）：权重每步只读一次，别让它把缓存里接下来那些小算子要的代码和数据挤出去。
-      // prefill 的权重块要留在 L2 里反复用，不能这样预取（Stream = false）
-      if constexpr (Stream) __builtin_prefetch(w + (r + R) * k + i, 0, 0);
+      // decode 的输入多于 1 行、一块要算一阵时（Prefetch）：下一块权重的同一列先从内存取来，内存不闲着。
+      // 最后的 0 是"不再用"（prefetchnta）：权重每步只读一次，别让它把接下来那些小算子要的数据挤出缓存
+      if constexpr (Prefetch) __builtin_prefetch(w + (r + R) * k + i, 0, 0);
     }
     for (int t = 0; t < T; ++t) {
       const vec xv = load(x + t * k + i);
@@ -41,17 +40,33 @@ void tile(const float* x, const float* w, int64_t k, float* y, int64_t ldy, cons
   }
 }
 
-template <int R>
+// R 行权重 × 全部 n 行输入，输入 G 行一组：同一块权重依次给每组用，第二组起它已经在 L1 里，从内存只读一次
+template <int R, int G, bool Prefetch>
 void rows_tile(const float* x, int64_t n, const float* w, int64_t k, float* y, int64_t ldy, const float* b) {
-  // 同一块权重依次给每组输入行用：第二组起它已经在 L1 / L2 里，从内存只读一次
-  for (int64_t t0 = 0; t0 < n; t0 += kTileT) {
+  for (int64_t t0 = 0; t0 < n; t0 += G) {
     const float* xt = x + t0 * k;
     float* yt = y + t0 * ldy;
-    switch (std::min<int64_t>(kTileT, n - t0)) {
-      case 1: tile<R, 1>(xt, w, k, yt, ldy, b); break;
-      case 2: if constexpr (kTileT >= 2) tile<R, 2>(xt, w, k, yt, ldy, b); break;
-      case 3: if constexpr (kTileT >= 3) tile<R, 3>(xt, w, k, yt, ldy, b); break;
-      case 4: if constexpr (kTileT >= 4) tile<R, 4>(xt, w, k, yt, ldy, b); break;
+    switch (std::min<int64_t>(G, n - t0)) {
+      case 1: tile<R, 1, Prefetch>(xt, w, k, yt, ldy, b); break;
+      case 2: if constexpr (G >= 2) tile<R, 2, Prefetch>(xt, w, k, yt, ldy, b); break;
+      case 3: if constexpr (G >= 3) tile<R, 3, Prefetch>(xt, w, k, yt, ldy, b); break;
+      case 4: if constexpr (G >= 4) tile<R, 4, Prefetch>(xt, w, k, yt, ldy, b); break;
+    }
+  }
+}
+
+// 一个线程的一段权重：第 lo 到 hi 块，每块 R 行（最后一块可能不满）
+template <int R, int G, bool Prefetch>
+void rows_range(const float* x, int64_t n, const float* w, int64_t k, int64_t m, float* y, const float* b,
+                int64_t lo, int64_t hi) {
+  for (int64_t blk = lo; blk < hi; ++blk) {
+    const int64_t r0 = blk * R;
+    const float *wr = w + r0 * k, *br = b ? b + r0 : nullptr;
+    switch (std::min<int64_t>(R, m - r0)) {
+      case 4: if constexpr (R >= 4) rows_tile<4, G, Prefetch>(x, n, wr, k, y + r0, m, br); break;
+      case 3: if constexpr (R >= 3) rows_tile<3, G, Prefetch>(x, n, wr, k, y + r0, m, br); break;
+      case 2: rows_tile<2, G, Prefetch>(x, n, wr, k, y + r0, m, br); break;
+      case 1: rows_tile<1, G, Prefetch>(x, n, wr, k, y + r0, m, br); break;
     }
   }
 }
@@ -122,22 +137,19 @@ torch::Tensor small_linear(const torch::Tensor& x_in, const torch::Tensor& w_in,
   const float *xp = o.xp(), *wp = o.wp(), *bp = o.bp();
   float* yp = o.yp();
   // --8<-- [start:parallel]
-  const int64_t tiles = (m + kTileR - 1) / kTileR;
+  // 小块的形状和要不要预取，按这次的输入行数定一次：
+  // - 不超过 kTileT 行：kTileR × kTileT 的小块，输入一遍算完；
+  // - 更多（AVX2 上 3~8 行）：换 prefill 的 kGemmR × kGemmT 小块，寄存器正好装满，每读一遍权重算 4 行；
+  // - 只有 1 行时计算很轻，硬件预取跟得上顺序读，软件预取只多占指令；多于 1 行时每块算得久，要趁这时预取下一块。
+  // 三条都是在整个 Engine 的一步上量出来的
+  const bool wide = n > kTileT;
+  const int64_t rows = wide ? kGemmR : kTileR, blocks = (m + rows - 1) / rows;
   // 每个线程至少分到约 64 KB 权重：更小的矩阵开线程不划算
-  const int64_t grain = k > 0 ? std::max<int64_t>(1, (16384 + kTileR * k - 1) / (kTileR * k)) : tiles;
-  at::parallel_for(0, tiles, grain, [&](int64_t lo, int64_t hi) {
-    for (int64_t tt = lo; tt < hi; ++tt) {
-      const int64_t r0 = tt * kTileR;
-      const float* wr = wp + r0 * k;
-      float* yr = yp + r0;
-      const float* br = bp ? bp + r0 : nullptr;
-      switch (std::min<int64_t>(kTileR, m - r0)) {
-        case 4: rows_tile<4>(xp, n, wr, k, yr, m, br); break;
-        case 3: rows_tile<3>(xp, n, wr, k, yr, m, br); break;
-        case 2: rows_tile<2>(xp, n, wr, k, yr, m, br); break;
-        case 1: rows_tile<1>(xp, n, wr, k, yr, m, br); break;
-      }
-    }
+  const int64_t grain = k > 0 ? std::max<int64_t>(1, (16384 + rows * k - 1) / (rows * k)) : blocks;
+  at::parallel_for(0, blocks, grain, [&](int64_t lo, int64_t hi) {
+    if (wide) rows_range<kGemmR, kGemmT, true>(xp, n, wp, k, m, yp, bp, lo, hi);
+    else if (n > 1) rows_range<kTileR, kTileT, true>(xp, n, wp, k, m, yp, bp, lo, hi);
+    else rows_range<kTileR, kTileT, false>(xp, n, wp, k, m, yp, bp, lo, hi);
   });
   // --8<-- [end:parallel]
   return o.y;
