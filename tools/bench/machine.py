@@ -78,7 +78,7 @@ class Steady:
     STEAL, TRIES, PAUSE = 0.005, 4, 2.0
 
     def __init__(self) -> None:
-        self.cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        self.cores = os.cpu_count() or 1  # /proc/stat 第一行是全机所有核的和：按全机的核数折算，不按本进程能用的
         self.retries, self.worst = 0, 0.0
 
     def run(self, fn: Callable[[], T]) -> T:
