@@ -19,6 +19,7 @@ from minisgl.distributed import DistributedInfo
 from minisgl.engine import EngineConfig
 
 _PR_SET_PDEATHSIG = 1
+_OMP_PAUSE_HARD = 2  # OpenMP 5.0 的 omp_pause_hard：线程池整个放掉，下一个并行区重新建
 
 
 def free_addr() -> str:
@@ -42,6 +43,17 @@ def die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
+def start_method() -> str:
+    """CPU（Linux）上 fork：spawn 出来的 rank 要重新 import 一遍 torch、transformers 和 minisgl，每个约 3 秒，
+    fork 直接继承。GPU 上仍然 spawn：CUDA 在 fork 出来的进程里不能用。fork 之前先放掉 OpenMP 的线程池：
+    父进程算过东西，池里的线程不会跟到子进程里，子进程的第一个并行区就会一直等它们。
+    放不掉（找不到这个函数）就 spawn。"""
+    if torch.cuda.is_available() or not sys.platform.startswith("linux"):
+        return "spawn"
+    pause = getattr(ctypes.CDLL(None), "omp_pause_resource_all", None)
+    return "fork" if pause is not None and pause(_OMP_PAUSE_HARD) == 0 else "spawn"
+
+
 def _worker(rank: int, run_rank: Callable[..., Any], config: EngineConfig, args: tuple, results,
             parent_pid: int) -> None:
     die_with_parent(parent_pid)
@@ -50,15 +62,17 @@ def _worker(rank: int, run_rank: Callable[..., Any], config: EngineConfig, args:
 
 
 def launch_tp(config: EngineConfig, run_rank: Callable[..., Any], *args: Any) -> List[Any]:
-    """起 tp 个进程（spawn：CUDA 也能用），每个运行 run_rank(带上自己 rank 的 config, *args)，按 rank 返回结果。
+    """起 tp 个进程（start_method()：CPU 上 fork，GPU 上 spawn），每个运行 run_rank(带上自己 rank 的 config, *args)，
+    按 rank 返回结果。
     某个 rank 出错时抛 RuntimeError，只带那个 rank 的异常那一行（不是整段 traceback），并结束其余进程；
     卡在集合通信上的 rank 最多等 distributed_timeout 秒。"""
     size = config.tp_info.size
     if torch.cuda.is_available() and size > torch.cuda.device_count():  # 每个 rank 一块卡：cuda:{rank}
         raise ValueError(f"每个 rank 要一块 GPU，这台机器只有 {torch.cuda.device_count()} 块")
-    results = mp.get_context("spawn").Queue()
+    method = start_method()
+    results = mp.get_context(method).Queue()
     ctx = mp.start_processes(_worker, args=(run_rank, config, args, results, os.getpid()), nprocs=size,
-                             join=False, start_method="spawn")
+                             join=False, start_method=method)
     got = {}
     try:
         while not ctx.join(timeout=0.2):  # 边等边收，免得结果堵在管道里
