@@ -44,7 +44,7 @@ def die_with_parent(parent_pid: int) -> None:
 
 
 def start_method() -> str:
-    """CPU（Linux）上 fork：spawn 出来的 rank 要重新 import 一遍 torch、transformers 和 minisgl，每个约 3 秒，
+    """CPU（Linux）上 fork：spawn 出来的 rank 要重新 import 一遍 torch、transformers 和 minisgl，每个都要几秒，
     fork 直接继承。GPU 上仍然 spawn：CUDA 在 fork 出来的进程里不能用。fork 之前先放掉 OpenMP 的线程池：
     父进程算过东西，池里的线程不会跟到子进程里，子进程的第一个并行区就会一直等它们。
     放不掉（找不到这个函数）就 spawn。"""
