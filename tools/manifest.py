@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import copy
 import fnmatch
+import functools
 import re
 import sys
 from dataclasses import dataclass, field
@@ -106,23 +108,35 @@ class Task:
         return f"第 {self.chapter} 章 · 任务 {self.number}"
 
 
+@functools.lru_cache(maxsize=4)
+def _parsed(path: Path, stamp: tuple[int, int]) -> dict:
+    return tomllib.loads(path.read_text(encoding="utf-8"))
+
+
+def _tasks_data() -> dict:
+    """tests/tasks.toml 解析一次：收集测试时每个测试都要问它（以前每问一次解析一次，一个 pytest 进程 3 秒）。
+    按修改时间和大小缓存，文件改了就重新读。调用方只读不改。"""
+    st = TASKS.stat()
+    return _parsed(TASKS, (st.st_mtime_ns, st.st_size))
+
+
 def load_tasks() -> dict[int, list[Task]]:
-    data = tomllib.loads(TASKS.read_text(encoding="utf-8"))
+    data = _tasks_data()
     out: dict[int, list[Task]] = {}
     for ch in data["chapter"]:
-        out[ch["chapter"]] = [Task(chapter=ch["chapter"], **t) for t in ch["task"]]
+        out[ch["chapter"]] = [Task(chapter=ch["chapter"], **copy.deepcopy(t)) for t in ch["task"]]
     return out
 
 
 def keep_symbols() -> list[str]:
     """每一章都原样保留、不做成桩的符号（命令行解析这类脚手架）。"""
-    return tomllib.loads(TASKS.read_text(encoding="utf-8")).get("keep", [])
+    return list(_tasks_data().get("keep", []))
 
 
 def given_patterns(chapter: int) -> list[str]:
     """这一章给定的文件（fnmatch 模式）：基础设施而不是本章要学的，start 时整份复制，不做成桩。"""
-    data = tomllib.loads(TASKS.read_text(encoding="utf-8"))
-    return next((ch.get("given", []) for ch in data["chapter"] if ch["chapter"] == chapter), [])
+    data = _tasks_data()
+    return next((list(ch.get("given", [])) for ch in data["chapter"] if ch["chapter"] == chapter), [])
 
 
 def is_given(chapter: int, rel: str) -> bool:
@@ -132,8 +146,8 @@ def is_given(chapter: int, rel: str) -> bool:
 def given_test_patterns(chapter: int) -> list[str]:
     """这一章给定代码自己的测试（tests/tasks.toml 的 given_tests，node id 的 fnmatch 模式）：check 把它们放在
     读者的任务之后单独一行，--task K、--own 都不跑它们。"""
-    data = tomllib.loads(TASKS.read_text(encoding="utf-8"))
-    return next((ch.get("given_tests", []) for ch in data["chapter"] if ch["chapter"] == chapter), [])
+    data = _tasks_data()
+    return next((list(ch.get("given_tests", [])) for ch in data["chapter"] if ch["chapter"] == chapter), [])
 
 
 def is_given_test(chapter: int, nodeid: str) -> bool:

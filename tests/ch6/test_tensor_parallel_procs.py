@@ -4,7 +4,8 @@
   KV 头比 rank 少时的复制就由它管），qwen2（q/k/v 带 bias，LM head 不绑定）和 llama3（绑定）用 --tp 2：
   token 和 HF 逐个相同（--tp 1 和 HF 相同由 test_parity_with_hf 管，合起来就是和 --tp 1 相同）；
   对不上时报告第一次分叉的那一步（top-5、max |Δ logit|）；
-- 所有运行用同一个端口，一个接一个：shutdown 拆掉了进程组，端口能再用；每次运行之后没有进程留下；
+- 这些运行分两条道同时跑（tp_runs）；道内一个接一个、共用一个端口：shutdown 拆掉了进程组，端口能再用，
+  出错退出的运行也一样；每次运行之后没有进程留下；
 - 切不开的 --tp 在起进程之前就被拒绝，错误说出是哪一项；worker 里的错误带着原文回到父进程，不会挂住；
 - 随机采样时各 rank 的 token 一致（父进程逐个核对）。
 
@@ -23,6 +24,7 @@ import subprocess
 import sys
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -37,11 +39,11 @@ from tests.harness.reference import hf_greedy, load_tokenizer
 from tests.harness.report import mismatch_report
 
 CASES = [("qwen3-tied", 4), ("qwen2", 2), ("llama3", 2)]  # 每起一次进程都要几秒：一家一次
+# 两条道同时跑（两核的机器上一条道一个核），道内一个接一个、共用一个端口：前一次运行没把端口还回来，后一次就失败
+LANES = [["qwen3-tied-tp4", "worker_error", "cannot_cut"], ["qwen2-tp2", "llama3-tp2", "sampling"]]
 
 
-@pytest.fixture(scope="module")
-def port() -> int:
-    """整个文件共用一个端口：前一次运行没把它还回来，后一次就会失败。"""
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -64,33 +66,92 @@ def pids_with(marker: str) -> dict[int, str]:
     return found
 
 
-def run_generate(checkpoint, args: list[str], **env_extra: str) -> subprocess.CompletedProcess:
+@dataclasses.dataclass
+class Run:
+    """一次 generate.py：结果、异常（比如超时）和它退出之后还留着的进程。"""
+    args: list[str]
+    env: dict[str, str]
+    result: subprocess.CompletedProcess | None = None
+    error: BaseException | None = None
+    left: list[str] = dataclasses.field(default_factory=list)
+
+    def outcome(self) -> subprocess.CompletedProcess:
+        if self.error is not None:
+            raise self.error
+        assert not self.left, f"generate.py {' '.join(self.args)} 退出之后还留着进程：{self.left}"
+        return self.result
+
+
+def run_generate(checkpoint, run: Run) -> None:
     """像读者那样在子进程里运行 generate.py；返回之后检查它起的进程都已经退出。"""
-    marker = f"MINISGL_TP_TEST={uuid.uuid4().hex}"
+    marker = uuid.uuid4().hex
     entry = checkpoint.entry_path
-    env = dict(os.environ, PYTHONPATH=str(entry.parent), OMP_NUM_THREADS="1", MINISGL_TP_TEST=marker.split("=")[1],
-               **env_extra)
-    res = subprocess.run([sys.executable, str(entry), *args], capture_output=True, text=True, timeout=300, env=env,
-                         cwd=entry.parent)
+    env = dict(os.environ, PYTHONPATH=str(entry.parent), OMP_NUM_THREADS="1", MINISGL_TP_TEST=marker, **run.env)
+    try:
+        run.result = subprocess.run([sys.executable, str(entry), *run.args], capture_output=True, text=True,
+                                    timeout=300, env=env, cwd=entry.parent)
+    except BaseException as e:  # 超时等：记下来，在这次运行自己的测试里抛出
+        run.error = e
     deadline = time.monotonic() + 10  # 进程表里的条目可能比退出晚一点消失
     while (left := processes_with(marker)) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not left, f"generate.py {' '.join(args)} 退出之后还留着进程：{left}"
-    return res
+    run.left = left
+
+
+def planned_runs(tiny_models, tmp: Path) -> dict[str, Run]:
+    runs = {}
+    for name, tp in CASES:
+        args = ["--model", str(tiny_models[name]), "--max-new-tokens", str(TINY_NEW_TOKENS), "--json", "--tp", str(tp),
+                "--dist-timeout", "60", "--dump-logits", str(tmp / f"{name}-tp{tp}.safetensors")]
+        for p in PROMPTS:
+            args += ["--prompt", p]
+        runs[f"{name}-tp{tp}"] = Run(args, {})
+    runs["sampling"] = Run(["--model", str(tiny_models["llama3"]), "--prompt", "Hello", "--prompt", "你好",
+                            "--max-new-tokens", "8", "--json", "--tp", "2", "--temperature", "1.0", "--top-k", "50",
+                            "--seed", "7"], {})
+    runs["cannot_cut"] = Run(["--model", str(tiny_models["qwen3-tied"]), "--prompt", "Hello", "--tp", "3"], {})
+    (tmp / "worker_error").mkdir()
+    runs["worker_error"] = Run(["--model", str(tiny_models["qwen3-tied"]), "--prompt", "Hello", "--tp", "2",
+                                "--num-pages", "1"], {"TMPDIR": str(tmp / "worker_error")})
+    return runs
+
+
+def run_key(item) -> str | None:
+    """这个测试要看哪一次运行（不是本文件里读 tp_runs 的测试：None）。"""
+    if item.module.__name__ != __name__ or "tp_runs" not in getattr(item, "fixturenames", ()):
+        return None
+    if item.originalname == "test_tp_tokens_equal_hf":
+        return item.callspec.id
+    return KEYS[item.originalname]
+
+
+@pytest.fixture(scope="module")
+def tp_runs(request, checkpoint, tiny_models, tmp_path_factory) -> dict[str, Run]:
+    """这次选中的测试要的那几次运行，两条道同时跑完再交给各个测试：--task 7 在两核的机器上快一倍。"""
+    wanted = {k for item in request.session.items if (k := run_key(item))}
+    runs = planned_runs(tiny_models, tmp_path_factory.mktemp("tp"))
+
+    def lane(keys: list[str]) -> None:
+        port = free_port()
+        for key in keys:
+            if key in wanted:
+                run = runs[key]
+                if key != "cannot_cut":  # 它在起进程之前就被拒绝，不用端口
+                    run.args += ["--dist-addr", f"tcp://127.0.0.1:{port}"]
+                run_generate(checkpoint, run)
+
+    with ThreadPoolExecutor(len(LANES)) as pool:
+        list(pool.map(lane, LANES))
+    return runs
 
 
 @pytest.mark.parametrize("name,tp", CASES, ids=[f"{f}-tp{t}" for f, t in CASES])
-def test_tp_tokens_equal_hf(checkpoint, tiny_models, port, tmp_path, name, tp):
-    model = tiny_models[name]
-    dump = tmp_path / "logits.safetensors"
-    args = ["--model", str(model), "--max-new-tokens", str(TINY_NEW_TOKENS), "--json", "--tp", str(tp),
-            "--dist-addr", f"tcp://127.0.0.1:{port}", "--dist-timeout", "60", "--dump-logits", str(dump)]
-    for p in PROMPTS:
-        args += ["--prompt", p]
-    res = run_generate(checkpoint, args)
+def test_tp_tokens_equal_hf(tp_runs, tiny_models, name, tp):
+    model, run = tiny_models[name], tp_runs[f"{name}-tp{tp}"]
+    res = run.outcome()
     assert res.returncode == 0, res.stderr[-3000:]
     outs = json.loads(res.stdout.strip().splitlines()[-1])["outputs"]
-    ours = load_file(str(dump))
+    ours = load_file(run.args[run.args.index("--dump-logits") + 1])
     decode = load_tokenizer(str(model)).decode
     reports = []
     for i, p in enumerate(PROMPTS):
@@ -101,32 +162,32 @@ def test_tp_tokens_equal_hf(checkpoint, tiny_models, port, tmp_path, name, tp):
     assert not reports, "\n\n".join(reports)  # --tp 1 和 HF 相同由 test_parity_with_hf 负责
 
 
-def test_tp_sampling_same_on_every_rank(checkpoint, tiny_models, port):
+def test_tp_sampling_same_on_every_rank(tp_runs):
     """温度采样：每个 rank 同一个种子、同一份 logits，采出同样的 token；不一致时父进程报错退出
     （种子带上 rank 时这里会失败）。"""
-    args = ["--model", str(tiny_models["llama3"]), "--prompt", "Hello", "--prompt", "你好", "--max-new-tokens", "8",
-            "--json", "--tp", "2", "--dist-addr", f"tcp://127.0.0.1:{port}", "--temperature", "1.0", "--top-k", "50",
-            "--seed", "7"]
-    res = run_generate(checkpoint, args)
+    res = tp_runs["sampling"].outcome()
     assert res.returncode == 0, res.stderr[-3000:]
     outs = json.loads(res.stdout.strip().splitlines()[-1])["outputs"]
     assert [len(o) for o in outs] == [8, 8]
 
 
-def test_tp_that_cannot_cut_is_refused_before_spawning(checkpoint, tiny_models):
+def test_tp_that_cannot_cut_is_refused_before_spawning(tp_runs):
     """4 个头、intermediate_size 128 切不成 3 份：起进程之前就退出，错误说出是哪几项和 tp。"""
-    res = run_generate(checkpoint, ["--model", str(tiny_models["qwen3-tied"]), "--prompt", "Hello", "--tp", "3"])
-    expect_exit("ch6/cli_tp_cannot_cut", res, tp=3, culprit=["num_attention_heads=4", "intermediate_size=128"])
+    expect_exit("ch6/cli_tp_cannot_cut", tp_runs["cannot_cut"].outcome(), tp=3,
+                culprit=["num_attention_heads=4", "intermediate_size=128"])
 
 
-def test_worker_error_reaches_parent(checkpoint, tiny_models, port, tmp_path):
+def test_worker_error_reaches_parent(tp_runs):
     """KV 池只有 1 页：每个 worker 在生成时出错。父进程带着 worker 的原话退出，不挂住，不留进程，
     也不在临时目录里留下 pytorch-errorfile-*.pickle。"""
-    res = run_generate(checkpoint, ["--model", str(tiny_models["qwen3-tied"]), "--prompt", "Hello", "--tp", "2",
-                                    "--num-pages", "1", "--dist-addr", f"tcp://127.0.0.1:{port}"],
-                       TMPDIR=str(tmp_path))
-    expect_exit("ch6/cli_tp_worker_error", res, tp=2)
-    assert not list(tmp_path.glob("pytorch-errorfile-*")), list(tmp_path.iterdir())
+    run = tp_runs["worker_error"]
+    expect_exit("ch6/cli_tp_worker_error", run.outcome(), tp=2)
+    errors = Path(run.env["TMPDIR"])
+    assert not list(errors.glob("pytorch-errorfile-*")), list(errors.iterdir())
+
+
+KEYS = {"test_tp_sampling_same_on_every_rank": "sampling", "test_tp_that_cannot_cut_is_refused_before_spawning":
+        "cannot_cut", "test_worker_error_reaches_parent": "worker_error"}
 
 
 SLEEPER = """

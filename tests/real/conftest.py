@@ -5,13 +5,10 @@ Qwen3）：跳过，理由写明是哪个检查点、哪种结构——run_tests
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 
 import pytest
 
-from tests.harness.parity import generate
-from tests.harness.real import REAL_NEW_TOKENS, REAL_PROMPTS
 from tools.models import find_model, has_weights, missing_message, unsupported_reason
 
 
@@ -24,14 +21,3 @@ def real_model(checkpoint) -> Path:
     if (why := unsupported_reason(checkpoint, path)) is not None:
         pytest.skip(f"真权重一档在这个检查点上不适用，没有跑：{why}")
     return path
-
-
-@pytest.fixture(scope="session")
-def ours(checkpoint, real_model):
-    """页大小 -> 全部提示词放进一次调用（同一个 batch）生成的 token；同一进程里只算一次。"""
-
-    @functools.cache
-    def run(page_size: int) -> list[list[int]]:
-        return generate(checkpoint.entry_path, real_model, REAL_PROMPTS, REAL_NEW_TOKENS, page_size)
-
-    return run

@@ -1,5 +1,8 @@
 """真权重一档，第 6 章起：里程碑脚本在真模型上跑（读得懂的续写、4 个"与 HF 一致: True"），
-以及张量并行：generate.py --tp 3（SmolLM2 的 9 个 q 头、3 个 KV 头都能被 3 整除）和 --tp 1 逐 token 相同。"""
+以及张量并行：generate.py --tp 3（SmolLM2 的 9 个 q 头、3 个 KV 头都能被 3 整除）和 HF 逐 token 相同
+（--tp 1 和 HF 相同由 test_real_weights_parity 管，合起来就是和 --tp 1 相同）。
+
+两个都是子进程，同时起、一起收（real_runs）：各用一个核，两核的机器上这一档快一半。"""
 
 from __future__ import annotations
 
@@ -7,20 +10,50 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
+import pytest
+from safetensors.torch import load_file
+
+from tests.harness.procs import collect
 from tests.harness.real import REAL_NEW_TOKENS, REAL_PROMPTS
+from tests.harness.reference import hf_greedy, load_tokenizer
+from tests.harness.report import mismatch_report
 
 TIMEOUT = 900
+# --tp 的每一步有几十次跨进程的 all_reduce，3 个 rank 挤在两个核上时一步要 0.2 秒：走 16 步（HF 的前 16 个 token
+# 就是它 32 个里的前 16 个，参考不用重算）
+TP_NEW_TOKENS = 16
 
 
-def _env(checkpoint) -> dict:
-    return dict(os.environ, PYTHONPATH=str(checkpoint.path), OMP_NUM_THREADS="1", PYTHONIOENCODING="utf-8")
+def tp_size(model) -> int:
+    """3 份优先（SmolLM2：9 / 3 个头、1536 的 MLP）；切不开时用 2（Qwen3-0.6B：16 / 8 个头）。"""
+    cfg = json.loads((model / "config.json").read_text())
+    dims = [cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["intermediate_size"], cfg["vocab_size"]]
+    return next(tp for tp in (3, 2) if all(d % tp == 0 for d in dims))
 
 
-def test_real_milestone(checkpoint, real_model):
-    script = checkpoint.path / "examples" / "stage1_milestone.py"
-    res = subprocess.run([sys.executable, str(script), "--model", str(real_model)], cwd=checkpoint.path,
-                         env=_env(checkpoint), capture_output=True, text=True, timeout=TIMEOUT)
+@pytest.fixture(scope="module")
+def tp_dump(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("real_tp") / "logits.safetensors"
+
+
+@pytest.fixture(scope="module")
+def real_runs(checkpoint, real_model, tp_dump) -> dict[str, subprocess.CompletedProcess]:
+    env = dict(os.environ, PYTHONPATH=str(checkpoint.path), OMP_NUM_THREADS="1", PYTHONIOENCODING="utf-8")
+    tp = [str(checkpoint.entry_path), "--model", str(real_model), "--max-new-tokens", str(TP_NEW_TOKENS), "--json",
+          "--tp", str(tp_size(real_model)), "--dist-timeout", "600", "--dump-logits", str(tp_dump)]
+    for p in REAL_PROMPTS:
+        tp += ["--prompt", p]
+    milestone = [str(checkpoint.path / "examples" / "stage1_milestone.py"), "--model", str(real_model)]
+    start = {name: subprocess.Popen([sys.executable, *argv], cwd=checkpoint.path, env=env, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)
+             for name, argv in [("milestone", milestone), ("tp", tp)]}
+    return collect(start, TIMEOUT)
+
+
+def test_real_milestone(real_runs):
+    res = real_runs["milestone"]
     assert res.returncode == 0, res.stderr[-3000:]
     lines = res.stdout.strip().splitlines()
     verdicts = [line for line in lines if "与 HF 一致" in line]
@@ -31,24 +64,17 @@ def test_real_milestone(checkpoint, real_model):
     assert "Paris" in single, single  # 真模型：读得懂的续写
 
 
-def tp_size(model) -> int:
-    """3 份优先（SmolLM2：9 / 3 个头、1536 的 MLP）；切不开时用 2（Qwen3-0.6B：16 / 8 个头）。"""
-    cfg = json.loads((model / "config.json").read_text())
-    dims = [cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["intermediate_size"], cfg["vocab_size"]]
-    return next(tp for tp in (3, 2) if all(d % tp == 0 for d in dims))
-
-
-def test_real_tp_equals_tp1(checkpoint, real_model, ours):
-    tp = tp_size(real_model)
-    args = ["--model", str(real_model), "--max-new-tokens", str(REAL_NEW_TOKENS), "--json", "--tp", str(tp),
-            "--dist-timeout", "600"]
-    for p in REAL_PROMPTS:
-        args += ["--prompt", p]
-    res = subprocess.run([sys.executable, str(checkpoint.entry_path), *args], cwd=checkpoint.path,
-                         env=_env(checkpoint), capture_output=True, text=True, timeout=TIMEOUT)
+def test_real_tp_equals_hf(real_runs, real_model, tp_dump):
+    res = real_runs["tp"]
     assert res.returncode == 0, res.stderr[-3000:]
     outs = json.loads(res.stdout.strip().splitlines()[-1])["outputs"]
-    tp1 = ours(1)  # 和 HF 的对齐由 test_real_weights_parity 负责
-    diff = [i for i, (a, b) in enumerate(zip(outs, tp1)) if a != b]
-    assert not diff, f"--tp {tp} 和 --tp 1 在第 {diff} 条提示词上不同：{outs} vs {tp1}"
-    assert len(outs) == len(tp1), f"--tp {tp} 和 --tp 1 在第 {diff} 条提示词上不同：{outs} vs {tp1}"
+    assert len(outs) == len(REAL_PROMPTS), outs
+    ours = load_file(str(tp_dump))
+    decode = load_tokenizer(str(real_model)).decode
+    reports = []
+    for i, p in enumerate(REAL_PROMPTS):
+        ref, ref_logits = hf_greedy(str(real_model), p, REAL_NEW_TOKENS)
+        ref, ref_logits = ref[:TP_NEW_TOKENS], ref_logits[:TP_NEW_TOKENS]
+        if rep := mismatch_report(p, outs[i], ref, ref_logits, ours[f"p{i}"], decode):
+            reports.append(f"[{Path(real_model).name} · tp={tp_size(real_model)}] {rep}")
+    assert not reports, "\n\n".join(reports)
