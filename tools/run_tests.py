@@ -115,8 +115,9 @@ def _prepare_real() -> None:
 
 
 def _one_checkpoint(args, pytest: list[str], env: dict) -> int:
-    """一个检查点分几个进程：本章的任务先跑、它的进度表一出来就打印；真权重一档、给定代码自己的测试、前面各章的
-    测试（回归）随后。--own 只跑本章的任务；--task K 只跑本章任务 K（真权重一档只在 --real 且任务 K 含它时）。"""
+    """一个检查点分几个进程：本章的任务先跑、它的进度表一出来就打印；真权重一档、前面各章的测试（回归）、给定代码
+    自己的测试随后（长的先起：两个核一直都有活干）。--own 只跑本章的任务；--task K 只跑本章任务 K（真权重一档
+    只在 --real 且任务 K 含它时）。"""
     ck = find_checkpoint(args.checkpoint, args.as_chapter)
     base = pytest + ["--checkpoint", args.checkpoint] + (["--as", args.as_chapter] if args.as_chapter else [])
     sel = dict(MINISGL_CHAPTER=str(ck.chapter), **({"MINISGL_TASK": str(args.task)} if args.task else {}))
@@ -125,10 +126,10 @@ def _one_checkpoint(args, pytest: list[str], env: dict) -> int:
     if _real_tier(args, ck):  # 最长的一份紧跟本章的任务起：排在最后时，最后那一段只剩它一个进程在跑
         _prepare_real()
         jobs.append(("真权重一档", base + ["--real"], dict(sel, MINISGL_SELECT="real")))
+    if whole and ck.chapter >= 2:  # 回归比给定代码的测试长：先起
+        jobs.append(("前面各章（回归）", base, dict(sel, MINISGL_SELECT="regress")))
     if whole and given_test_patterns(ck.chapter):
         jobs.append(("给定代码的测试", base, dict(sel, MINISGL_SELECT="given")))
-    if whole and ck.chapter >= 2:
-        jobs.append(("前面各章（回归）", base, dict(sel, MINISGL_SELECT="regress")))
     merged: dict = {}
 
     def first_table(name, results):

@@ -41,6 +41,8 @@ from tests.harness.report import mismatch_report
 CASES = [("qwen3-tied", 4), ("qwen2", 2), ("llama3", 2)]  # 每起一次进程都要几秒：一家一次
 # 两条道同时跑（两核的机器上一条道一个核），道内一个接一个、共用一个端口：前一次运行没把端口还回来，后一次就失败
 LANES = [["qwen3-tied-tp4", "worker_error", "cannot_cut"], ["qwen2-tp2", "llama3-tp2", "sampling"]]
+KEYS = {"test_tp_sampling_same_on_every_rank": "sampling", "test_tp_that_cannot_cut_is_refused_before_spawning":
+        "cannot_cut", "test_worker_error_reaches_parent": "worker_error"}  # 测试 -> 它看的那次运行
 
 
 def free_port() -> int:
@@ -72,7 +74,7 @@ class Run:
     args: list[str]
     env: dict[str, str]
     result: subprocess.CompletedProcess | None = None
-    error: BaseException | None = None
+    error: Exception | None = None
     left: list[str] = dataclasses.field(default_factory=list)
 
     def outcome(self) -> subprocess.CompletedProcess:
@@ -90,7 +92,7 @@ def run_generate(checkpoint, run: Run) -> None:
     try:
         run.result = subprocess.run([sys.executable, str(entry), *run.args], capture_output=True, text=True,
                                     timeout=300, env=env, cwd=entry.parent)
-    except BaseException as e:  # 超时等：记下来，在这次运行自己的测试里抛出
+    except (subprocess.SubprocessError, OSError) as e:  # 超时等：记下来，在这次运行自己的测试里抛出
         run.error = e
     deadline = time.monotonic() + 10  # 进程表里的条目可能比退出晚一点消失
     while (left := processes_with(marker)) and time.monotonic() < deadline:
@@ -184,10 +186,6 @@ def test_worker_error_reaches_parent(tp_runs):
     expect_exit("ch6/cli_tp_worker_error", run.outcome(), tp=2)
     errors = Path(run.env["TMPDIR"])
     assert not list(errors.glob("pytorch-errorfile-*")), list(errors.iterdir())
-
-
-KEYS = {"test_tp_sampling_same_on_every_rank": "sampling", "test_tp_that_cannot_cut_is_refused_before_spawning":
-        "cannot_cut", "test_worker_error_reaches_parent": "worker_error"}
 
 
 SLEEPER = """
