@@ -33,6 +33,7 @@ from tools.task_table import progress_table
 
 SITE_TEST = "tests/repo/test_site.py"
 COUNT = re.compile(r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed)")
+SKIP = re.compile(r"^SKIPPED \[(\d+)\] [^:]+:\d+: (.*)$", re.M)  # pytest -rs 的一行：SKIPPED [个数] 文件:行: 理由
 DETAILS_CAP = 20000  # 失败细节一共最多打印这么多字符：开头（最先失败的测试）加结尾（pytest 的简短汇总）
 
 
@@ -196,8 +197,10 @@ def _run(jobs, env: dict, n_jobs: int, on_done=None, empty_ok: bool = False):
             verdict = "通过" if f == 0 else "失败"
             print(f"{verdict}  {name}: {p} passed, {f} failed{skipped}（{secs:.0f} s）", flush=True)
             if counts.get("skipped"):  # 比如没装 chromium、第 0~2 步不支持 Llama：把理由告诉读者
-                reasons = [line.split(": ", 1)[-1] for line in out.splitlines() if line.startswith("SKIPPED")]
-                print("\n".join(f"      跳过：{r}" for r in dict.fromkeys(reasons)), flush=True)  # 同一个理由只说一次
+                reasons: dict[str, int] = {}  # 同一个理由只说一次，带上它跳过了几个
+                for n, why in SKIP.findall(out):
+                    reasons[why] = reasons.get(why, 0) + int(n)
+                print("\n".join(f"      跳过 {n} 个：{why}" for why, n in reasons.items()), flush=True)
             if rc != 0:
                 details.append((name, out))
             if on_done:
