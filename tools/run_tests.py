@@ -175,7 +175,8 @@ def _real_tier(args, ck) -> bool:
         print(f"真权重一档不适用：{why}", flush=True)
         return False
     if real is not None:
-        print(f"真权重一档：用 {real.path}", flush=True)
+        why = "" if args.real else "（check 有真模型就带上这一档；只要快的反馈用 --task K 或 --own）"
+        print(f"真权重一档：用 {real.path}{why}", flush=True)
     return True
 
 

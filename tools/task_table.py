@@ -63,6 +63,7 @@ def progress_table(results: dict[str, dict], chapter: int, reason_chars: int = 1
         if key not in order:
             order.append(key)
         row["n"] += 1
+        row["real"] = row.get("real", 0) + nodeid.startswith("tests/real/")
         row["ok"] += r["outcome"] == "passed"
         row["skip"] += r["outcome"] == "skipped"
         # 第一个没通过的测试；优先挑原因就是本任务的桩的那个（别的任务的桩挡在前面时，先写那个任务）
@@ -72,6 +73,9 @@ def progress_table(results: dict[str, dict], chapter: int, reason_chars: int = 1
             row["first"], row["own"] = f"{nodeid.split('/')[-1]}：{reason}", own
     order.sort(key=lambda k: 3 if k in ("未归类", "收集错误") else 2 if k.startswith("第") and "任务" not in k
                else 1 if k == "给定" else 0)  # 本章的任务、给定代码的测试、回归、归不了类的
+    for r in rows.values():  # 真权重一档归在某个任务下（--task K --real 才跑得到它）：合起来的表里多出的几个说清楚
+        if r.get("real"):
+            r["title"] += f"（含真权重一档 {r['real']} 个）"
     width = max(_width(rows[k]["title"]) for k in order) + 2 if order else 10
     lines = [_pad("任务", width + 2) + _pad("通过", 12) + "第一个没通过的测试：原因"]
     ok_all = bool(order)
