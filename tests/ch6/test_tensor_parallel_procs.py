@@ -6,7 +6,7 @@
   对不上时报告第一次分叉的那一步（top-5、max |Δ logit|）；
 - 这些运行分两条道同时跑（tp_runs）；道内一个接一个、共用一个端口：shutdown 拆掉了进程组，端口能再用，
   出错退出的运行也一样；每次运行之后没有进程留下；
-- 切不开的 --tp 在起进程之前就被拒绝，错误说出是哪一项；worker 里的错误带着原文回到父进程，不会挂住；
+- 切不开的 --tp 在起进程之前就被拒绝（launch_tp 根本没被调用），错误说出是哪一项；worker 里的错误带着原文回到父进程，不会挂住；
 - 随机采样时各 rank 的 token 一致（父进程逐个核对）。
 
 每个 worker 一个线程（OMP_NUM_THREADS=1），两核的机器上也跑得动。CPU 上 rank 是 fork 出来的（不用重新 import），
@@ -34,15 +34,15 @@ from safetensors.torch import load_file
 from minisgl.distributed import DistributedInfo, try_get_tp_info
 from minisgl.engine import Engine, EngineConfig
 from tools.manifest import PROMPTS, TINY_NEW_TOKENS
-from tests.harness.errors import expect_error, expect_exit
+from tests.harness.errors import expect_error, expect_exit, run_cli
 from tests.harness.reference import hf_greedy, load_tokenizer
 from tests.harness.report import mismatch_report
 
 CASES = [("qwen3-tied", 4), ("qwen2", 2), ("llama3", 2)]  # 每起一次进程都要几秒：一家一次
 # 两条道同时跑（两核的机器上一条道一个核），道内一个接一个、共用一个端口：前一次运行没把端口还回来，后一次就失败
-LANES = [["qwen3-tied-tp4", "worker_error", "cannot_cut"], ["qwen2-tp2", "llama3-tp2", "sampling"]]
-KEYS = {"test_tp_sampling_same_on_every_rank": "sampling", "test_tp_that_cannot_cut_is_refused_before_spawning":
-        "cannot_cut", "test_worker_error_reaches_parent": "worker_error"}  # 测试 -> 它看的那次运行
+LANES = [["qwen3-tied-tp4", "worker_error"], ["qwen2-tp2", "llama3-tp2", "sampling"]]
+KEYS = {"test_tp_sampling_same_on_every_rank": "sampling",
+        "test_worker_error_reaches_parent": "worker_error"}  # 测试 -> 它看的那次运行
 
 
 def free_port() -> int:
@@ -111,7 +111,6 @@ def planned_runs(tiny_models, tmp: Path) -> dict[str, Run]:
     runs["sampling"] = Run(["--model", str(tiny_models["llama3"]), "--prompt", "Hello", "--prompt", "你好",
                             "--max-new-tokens", "8", "--json", "--tp", "2", "--temperature", "1.0", "--top-k", "50",
                             "--seed", "7"], {})
-    runs["cannot_cut"] = Run(["--model", str(tiny_models["qwen3-tied"]), "--prompt", "Hello", "--tp", "3"], {})
     (tmp / "worker_error").mkdir()
     runs["worker_error"] = Run(["--model", str(tiny_models["qwen3-tied"]), "--prompt", "Hello", "--tp", "2",
                                 "--num-pages", "1"], {"TMPDIR": str(tmp / "worker_error")})
@@ -137,10 +136,8 @@ def tp_runs(request, checkpoint, tiny_models, tmp_path_factory) -> dict[str, Run
         port = free_port()
         for key in keys:
             if key in wanted:
-                run = runs[key]
-                if key != "cannot_cut":  # 它在起进程之前就被拒绝，不用端口
-                    run.args += ["--dist-addr", f"tcp://127.0.0.1:{port}"]
-                run_generate(checkpoint, run)
+                runs[key].args += ["--dist-addr", f"tcp://127.0.0.1:{port}"]
+                run_generate(checkpoint, runs[key])
 
     with ThreadPoolExecutor(len(LANES)) as pool:
         list(pool.map(lane, LANES))
@@ -173,10 +170,19 @@ def test_tp_sampling_same_on_every_rank(tp_runs):
     assert [len(o) for o in outs] == [8, 8]
 
 
-def test_tp_that_cannot_cut_is_refused_before_spawning(tp_runs):
-    """4 个头、intermediate_size 128 切不成 3 份：起进程之前就退出，错误说出是哪几项和 tp。"""
-    expect_exit("ch6/cli_tp_cannot_cut", tp_runs["cannot_cut"].outcome(), tp=3,
-                culprit=["num_attention_heads=4", "intermediate_size=128"])
+def test_tp_that_cannot_cut_is_refused_before_spawning(checkpoint, tiny_models, monkeypatch):
+    """4 个头、intermediate_size 128 切不成 3 份：起进程之前就退出，错误说出是哪几项和 tp。在这个进程里运行
+    generate.py（不用为一次 import 起一个进程），给定的 launch_tp 换成一调用就失败的函数：切不开时根本不该走到它。"""
+    import minisgl.server
+    from minisgl.server import launch
+
+    def must_not_launch(*args, **kwargs):
+        raise AssertionError("切不开的 --tp 3 还是调用了 launch_tp 去起进程：应该先 config.check_tp()")
+
+    for where in (minisgl.server, launch):  # from minisgl.server import launch_tp 和 launch.launch_tp 两种写法
+        monkeypatch.setattr(where, "launch_tp", must_not_launch)
+    res = run_cli(checkpoint.entry_path, ["--model", str(tiny_models["qwen3-tied"]), "--prompt", "Hello", "--tp", "3"])
+    expect_exit("ch6/cli_tp_cannot_cut", res, tp=3, culprit=["num_attention_heads=4", "intermediate_size=128"])
 
 
 def test_worker_error_reaches_parent(tp_runs):
