@@ -37,14 +37,18 @@ SKIP = re.compile(r"^SKIPPED \[(\d+)\] [^:]+:\d+: (.*)$", re.M)  # pytest -rs �
 DETAILS_CAP = 20000  # 失败细节一共最多打印这么多字符：开头（最先失败的测试）加结尾（pytest 的简短汇总）
 
 
-def _job(name: str, cmd: list[str], env: dict) -> tuple[str, int, str, float, dict]:
+def _job(name: str, cmd: list[str], env: dict, nice: int = 0) -> tuple[str, int, str, float, dict]:
+    """跑一份 pytest；nice > 0 时调低它（和它起的子进程）的优先级：只在有空闲的核时才轮到它。"""
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as d:
         progress = Path(d) / "progress.json"
-        res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
-                             env=dict(env, MINISGL_PROGRESS=str(progress)))
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=dict(env, MINISGL_PROGRESS=str(progress)))
+        if nice and hasattr(os, "setpriority"):
+            os.setpriority(os.PRIO_PROCESS, proc.pid, nice)
+        out, err = proc.communicate()
         results = json.loads(progress.read_text(encoding="utf-8")) if progress.exists() else {}
-    return name, res.returncode, res.stdout + res.stderr, time.perf_counter() - t0, results
+    return name, proc.returncode, out + err, time.perf_counter() - t0, results
 
 
 def capped(out: str, cap: int) -> str:
@@ -116,21 +120,21 @@ def _prepare_real() -> None:
 
 
 def _one_checkpoint(args, pytest: list[str], env: dict) -> int:
-    """一个检查点分几个进程：本章的任务先跑、它的进度表一出来就打印；真权重一档、前面各章的测试（回归）、给定代码
-    自己的测试随后（长的先起：两个核一直都有活干）。--own 只跑本章的任务；--task K 只跑本章任务 K（真权重一档
+    """一个检查点分几个进程，同时起：本章的任务优先、它的进度表一出来就打印；给定代码自己的测试、前面各章的测试
+    （回归）和真权重一档调低了优先级，用它空出来的 CPU。--own 只跑本章的任务；--task K 只跑本章任务 K（真权重一档
     只在 --real 且任务 K 含它时）。"""
     ck = find_checkpoint(args.checkpoint, args.as_chapter)
     base = pytest + ["--checkpoint", args.checkpoint] + (["--as", args.as_chapter] if args.as_chapter else [])
     sel = dict(MINISGL_CHAPTER=str(ck.chapter), **({"MINISGL_TASK": str(args.task)} if args.task else {}))
     jobs = [("本章的任务", base, dict(sel, MINISGL_SELECT="own"))]
     whole = not args.task and not args.own
-    if _real_tier(args, ck):  # 最长的一份紧跟本章的任务起：排在最后时，最后那一段只剩它一个进程在跑
+    if whole and given_test_patterns(ck.chapter):  # 大致按跑完的先后排：摘要按这个顺序打印
+        jobs.append(("给定代码的测试", base, dict(sel, MINISGL_SELECT="given")))
+    if whole and ck.chapter >= 2:
+        jobs.append(("前面各章（回归）", base, dict(sel, MINISGL_SELECT="regress")))
+    if _real_tier(args, ck):
         _prepare_real()
         jobs.append(("真权重一档", base + ["--real"], dict(sel, MINISGL_SELECT="real")))
-    if whole and ck.chapter >= 2:  # 回归比给定代码的测试长：先起
-        jobs.append(("前面各章（回归）", base, dict(sel, MINISGL_SELECT="regress")))
-    if whole and given_test_patterns(ck.chapter):
-        jobs.append(("给定代码的测试", base, dict(sel, MINISGL_SELECT="given")))
     merged: dict = {}
 
     def first_table(name, results):
@@ -141,7 +145,10 @@ def _one_checkpoint(args, pytest: list[str], env: dict) -> int:
                   f"{table}\n", flush=True)
         merged.update(results)
 
-    passed, failed, details = _run(jobs, env, args.jobs, first_table, empty_ok=True)
+    # 几份同时起，第一份（本章的任务，进度表先打印）优先，其余的调低优先级：它们只用第一份空出来的 CPU，
+    # 最后也不会剩一个进程独自跑、另一个核闲着。-j 1 时一份接一份
+    passed, failed, details = _run(jobs, env, len(jobs) if args.jobs > 1 else 1, first_table, empty_ok=True,
+                                   nice_rest=args.jobs > 1)
     if len(jobs) > 1:
         table, _ = progress_table(merged, ck.chapter, only_task=args.task)
         print(f"\n{ck.path.name}（全部：{'、'.join(name for name, _, _ in jobs)}）：\n{table}")
@@ -180,12 +187,14 @@ def _real_tier(args, ck) -> bool:
     return True
 
 
-def _run(jobs, env: dict, n_jobs: int, on_done=None, empty_ok: bool = False):
+def _run(jobs, env: dict, n_jobs: int, on_done=None, empty_ok: bool = False, nice_rest: bool = False):
     """并行跑 jobs，按提交的顺序每完成一个打印一行摘要；on_done(name, results) 在打印之后调用。"""
     passed = failed = 0
     details = []
     with ThreadPoolExecutor(n_jobs) as pool:
-        for name, rc, out, secs, results in pool.map(lambda j: _job(j[0], j[1], dict(env, **j[2])), jobs):
+        runs = pool.map(lambda i: _job(jobs[i][0], jobs[i][1], dict(env, **jobs[i][2]), 10 if nice_rest and i else 0),
+                        range(len(jobs)))
+        for name, rc, out, secs, results in runs:
             last = out.strip().splitlines()[-1] if out.strip() else ""
             counts = {k.rstrip("s"): int(n) for n, k in COUNT.findall(last)}
             p, f = counts.get("passed", 0), counts.get("failed", 0) + counts.get("error", 0)
