@@ -35,6 +35,7 @@ from safetensors.torch import load_file
 from minisgl.distributed import DistributedInfo, try_get_tp_info
 from minisgl.engine import Engine, EngineConfig
 from tools.manifest import PROMPTS, TINY_NEW_TOKENS
+from tests.harness.contract import build_argv
 from tests.harness.errors import expect_error, expect_exit, run_cli
 from tests.harness.reference import hf_greedy, load_tokenizer
 from tests.harness.report import mismatch_report
@@ -104,11 +105,9 @@ def run_generate(checkpoint, run: Run) -> None:
 def planned_runs(tiny_models, tmp: Path) -> dict[str, Run]:
     runs = {}
     for name, tp in CASES:
-        args = ["--model", str(tiny_models[name]), "--max-new-tokens", str(TINY_NEW_TOKENS), "--json", "--tp", str(tp),
-                "--dist-timeout", "60", "--dump-logits", str(tmp / f"{name}-tp{tp}.safetensors")]
-        for p in PROMPTS:
-            args += ["--prompt", p]
-        runs[f"{name}-tp{tp}"] = Run(args, {})
+        dump = tmp / f"{name}-tp{tp}.safetensors"
+        args = build_argv(tiny_models[name], PROMPTS, TINY_NEW_TOKENS, dump_logits=dump)
+        runs[f"{name}-tp{tp}"] = Run(args + ["--tp", str(tp), "--dist-timeout", "60"], {})
     runs["sampling"] = Run(["--model", str(tiny_models["llama3"]), "--prompt", "Hello", "--prompt", "你好",
                             "--max-new-tokens", "8", "--json", "--tp", "2", "--temperature", "1.0", "--top-k", "50",
                             "--seed", "7"], {})
@@ -129,7 +128,7 @@ def run_key(item) -> str | None:
 
 @pytest.fixture(scope="module")
 def tp_runs(request, checkpoint, tiny_models, tmp_path_factory) -> dict[str, Run]:
-    """这次选中的测试要的那几次运行，两条道同时跑完再交给各个测试：--task 7 在两核的机器上快一倍。"""
+    """这次选中的测试要的那几次运行，两条道同时跑完再交给各个测试（两核的机器上两条道各用一个核）。"""
     wanted = {k for item in request.session.items if (k := run_key(item))}
     runs = planned_runs(tiny_models, tmp_path_factory.mktemp("tp"))
 

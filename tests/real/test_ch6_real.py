@@ -2,7 +2,7 @@
 以及张量并行：generate.py --tp 3（SmolLM2 的 9 个 q 头、3 个 KV 头都能被 3 整除）和 HF 逐 token 相同
 （--tp 1 和 HF 相同由 test_real_weights_parity 管，合起来就是和 --tp 1 相同）。
 
-两个都是子进程，同时起、一起收（real_runs）：各用一个核，两核的机器上这一档快一半。"""
+两个都是子进程，同时起、一起收（real_runs）：两核的机器上各用一个核。"""
 
 from __future__ import annotations
 
@@ -15,14 +15,15 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
+from tests.harness.contract import build_argv
 from tests.harness.procs import collect
 from tests.harness.real import REAL_NEW_TOKENS, REAL_PROMPTS
 from tests.harness.reference import hf_greedy, load_tokenizer
 from tests.harness.report import mismatch_report
 
 TIMEOUT = 900
-# --tp 的每一步有几十次跨进程的 all_reduce，3 个 rank 挤在两个核上时一步要 0.2 秒：走 16 步（HF 的前 16 个 token
-# 就是它 32 个里的前 16 个，参考不用重算）
+# --tp 的每一步有几十次跨进程的 all_reduce，3 个 rank 挤在两个核上时每一步都慢得多：走 16 步（HF 的前 16 个
+# token 就是它 32 个里的前 16 个，参考不用重算）
 TP_NEW_TOKENS = 16
 
 
@@ -41,10 +42,8 @@ def tp_dump(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def real_runs(checkpoint, real_model, tp_dump) -> dict[str, subprocess.CompletedProcess]:
     env = dict(os.environ, PYTHONPATH=str(checkpoint.path), OMP_NUM_THREADS="1", PYTHONIOENCODING="utf-8")
-    tp = [str(checkpoint.entry_path), "--model", str(real_model), "--max-new-tokens", str(TP_NEW_TOKENS), "--json",
-          "--tp", str(tp_size(real_model)), "--dist-timeout", "600", "--dump-logits", str(tp_dump)]
-    for p in REAL_PROMPTS:
-        tp += ["--prompt", p]
+    tp = [str(checkpoint.entry_path), *build_argv(real_model, REAL_PROMPTS, TP_NEW_TOKENS, dump_logits=tp_dump),
+          "--tp", str(tp_size(real_model)), "--dist-timeout", "600"]
     milestone = [str(checkpoint.path / "examples" / "stage1_milestone.py"), "--model", str(real_model)]
     start = {name: subprocess.Popen([sys.executable, *argv], cwd=checkpoint.path, env=env, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, text=True)
