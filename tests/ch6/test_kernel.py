@@ -91,7 +91,8 @@ def test_kernel_result_does_not_depend_on_thread_count():
         return
     w = torch.randn(3001, 1000)
     before = torch.get_num_threads()
-    for fn, x in ((ext.small_linear, torch.randn(4, 1000)), (ext.gemm, torch.randn(45, 1000))):
+    for fn, x in ((ext.small_linear, torch.randn(1, 1000)), (ext.small_linear, torch.randn(2, 1000)),
+                  (ext.small_linear, torch.randn(4, 1000)), (ext.gemm, torch.randn(45, 1000))):
         try:
             outs = []
             for t in (1, 2, 3):
@@ -100,6 +101,18 @@ def test_kernel_result_does_not_depend_on_thread_count():
         finally:
             torch.set_num_threads(before)
         assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 1 << 16, (1 << 16) + 3, 3 * (1 << 18) + 5])  # 凑不满一个线程、一段、一个向量
+def test_stream_read_reads_every_element_once(n):
+    """tools/bench 拿 stream_read 量读带宽（下限）：它得真把每个数读一遍，一个不漏、一个不重。"""
+    ext = _ext()
+    if ext is None:
+        assert not _has_toolchain()
+        return
+    # 1~3 的整数：fp32 的部分和都在 2^24 以内、没有舍入，漏读、重读一个数，和都会变
+    x = torch.randint(1, 4, (n,), generator=torch.Generator().manual_seed(n)).float()
+    assert ext.stream_read(x) == x.long().sum().item()
 
 
 def test_linear_uses_small_linear_for_1_to_8_rows_and_gemm_above():

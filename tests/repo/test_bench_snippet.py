@@ -135,28 +135,29 @@ def test_memory_line_is_consistent(text):
     assert over == pytest.approx(peak - budget, abs=0.011)
 
 
-KERNELS = SNIPPET.parent / "bench_kernels.md"
-
-
-def test_kernel_table_is_what_bench_kernels_writes():
-    """附录引用的线性层核的表：抬头写着命令、机器和核的编译设置，列是脚本比较的几种做法，行是 bench.kernels.ROWS，
-    GFLOP/s、GB/s 由行数、MiB 和 ms 算得出（sum() 那一列只读不算，没有 GFLOP/s）。"""
+@pytest.mark.parametrize("shapes", ["qwen3-0.6b", "smollm2"])
+def test_kernel_table_is_what_bench_kernels_writes(shapes):
+    """附录引用的线性层核的表（两种形状各一张）：抬头写着命令、机器和核的编译设置，列是脚本比较的几种做法，
+    行是 bench.kernels.ROWS，GFLOP/s、GB/s 由行数、MiB 和 ms 算得出（只读不算的 READ_ONLY 两列没有 GFLOP/s）。"""
     from tools.bench import kernels as bench_kernels
 
-    assert KERNELS.is_file(), f"{KERNELS} 不存在：运行 {bench_kernels.COMMAND} 生成它"
-    text = KERNELS.read_text(encoding="utf-8")
-    assert f"命令：`{bench_kernels.COMMAND}`" in text and re.search(r"日期：\d{4}-\d\d-\d\d \d\d:\d\d UTC", text)
+    path = bench_kernels.SNIPPETS[shapes]
+    assert path.is_file(), f"{path} 不存在：运行 {bench_kernels.COMMANDS[shapes]} 生成它"
+    text = path.read_text(encoding="utf-8")
+    assert f"命令：`{bench_kernels.COMMANDS[shapes]}`" in text
+    assert re.search(r"日期：\d{4}-\d\d-\d\d \d\d:\d\d UTC", text)
     assert re.search(r"机器：.+（.+；L3 .+），\d+ 核；torch \d+\.\d+\S*，\d+ 个线程", text)
     assert re.search(r"minisgl.kernel：C\+\+ small_linear（.+）", text), "写明跑的是 C++ 核和它的向量宽度、分块"
+    assert f"{shapes} 的 {bench_kernels.LAYERS[shapes]} 层线性层" in text
     mib = float(re.search(r"fp32 权重 (\d+) MiB", text).group(1))
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in text.splitlines()
             if line.startswith("|") and not re.fullmatch(r"\|(---\|)+", line)]
     assert rows[0] == bench_kernels.COLUMNS
     assert [r[0] for r in rows[1:]] == [str(n) for n in bench_kernels.ROWS]
     for r in rows[1:]:
-        for i, cell in enumerate(r[1:]):
+        for name, cell in zip(rows[0][1:], r[1:]):
             m = re.fullmatch(r"([\d.]+) ms，(?:(\d+) GFLOP/s，)?([\d.]+) GB/s", cell)
-            assert m and (m[2] is None) == (i == len(r) - 2), cell
+            assert m and (m[2] is None) == (name in bench_kernels.READ_ONLY), cell
             ms, gbps = float(m[1]), float(m[3])
             assert gbps == pytest.approx(mib * 2**20 / (ms / 1e3) / 1e9, rel=0.01, abs=0.06), cell
             if m[2]:  # 2·行数·权重个数 / 秒；表里取整到 1 GFLOP/s

@@ -13,18 +13,19 @@ namespace minisgl {
 namespace {
 
 // --8<-- [start:tile]
-// R 行权重（从 w 开始，每行 k 个）× T 行输入（从 x 开始）：结果写进 y 的 T 行、R 列
+// R 行权重（第 r 行从 w + r·ldw 开始，每行 k 个）× T 行输入（从 x 开始）：结果写进 y 的 T 行，第 r 行权重的结果在
+// 第 r·ldr 列（bias 也按 ldr 取）。prefill 的小块里 R 行权重挨着（ldw = k，ldr = 1）；decode 的 R 行各在一段里（见 rows_range）
 template <int R, int T, bool Prefetch>
-void tile(const float* x, const float* w, int64_t k, float* y, int64_t ldy, const float* b) {
+void tile(const float* x, const float* w, int64_t k, int64_t ldw, float* y, int64_t ldy, int64_t ldr, const float* b) {
   vec acc[T][R] = {};
   int64_t i = 0;
   for (; i + kWidth <= k; i += kWidth) {
     vec wv[R];
     for (int r = 0; r < R; ++r) {
-      wv[r] = load(w + r * k + i);
-      // decode 的输入多于 1 行、一块要算一阵时（Prefetch）：下一块权重的同一列先从内存取来，内存不闲着。
+      wv[r] = load(w + r * ldw + i);
+      // decode 的输入多于 1 行、一块要算一阵时（Prefetch）：这一段的下一行权重（紧挨着这一行）的同一列先从内存取来。
       // 最后的 0 是"不再用"（prefetchnta）：权重每步只读一次，别让它把接下来那些小算子要的数据挤出缓存
-      if constexpr (Prefetch) __builtin_prefetch(w + (r + R) * k + i, 0, 0);
+      if constexpr (Prefetch) __builtin_prefetch(w + r * ldw + k + i, 0, 0);
     }
     for (int t = 0; t < T; ++t) {
       const vec xv = load(x + t * k + i);
@@ -34,41 +35,38 @@ void tile(const float* x, const float* w, int64_t k, float* y, int64_t ldy, cons
   for (int t = 0; t < T; ++t) {
     for (int r = 0; r < R; ++r) {
       float s = hsum(acc[t][r]);
-      for (int64_t j = i; j < k; ++j) s += x[t * k + j] * w[r * k + j];  // k 不是向量宽度的倍数时的尾巴
-      y[t * ldy + r] = b ? s + b[r] : s;
+      for (int64_t j = i; j < k; ++j) s += x[t * k + j] * w[r * ldw + j];  // k 不是向量宽度的倍数时的尾巴
+      y[t * ldy + r * ldr] = b ? s + b[r * ldr] : s;
     }
   }
 }
 
 // R 行权重 × 全部 n 行输入，输入 G 行一组：同一块权重依次给每组用，第二组起它已经在 L1 里，从内存只读一次
 template <int R, int G, bool Prefetch>
-void rows_tile(const float* x, int64_t n, const float* w, int64_t k, float* y, int64_t ldy, const float* b) {
+void rows_tile(const float* x, int64_t n, const float* w, int64_t k, int64_t ldw, float* y, int64_t ldy, int64_t ldr,
+               const float* b) {
   for (int64_t t0 = 0; t0 < n; t0 += G) {
     const float* xt = x + t0 * k;
     float* yt = y + t0 * ldy;
     switch (std::min<int64_t>(G, n - t0)) {
-      case 1: tile<R, 1, Prefetch>(xt, w, k, yt, ldy, b); break;
-      case 2: if constexpr (G >= 2) tile<R, 2, Prefetch>(xt, w, k, yt, ldy, b); break;
-      case 3: if constexpr (G >= 3) tile<R, 3, Prefetch>(xt, w, k, yt, ldy, b); break;
-      case 4: if constexpr (G >= 4) tile<R, 4, Prefetch>(xt, w, k, yt, ldy, b); break;
+      case 1: tile<R, 1, Prefetch>(xt, w, k, ldw, yt, ldy, ldr, b); break;
+      case 2: if constexpr (G >= 2) tile<R, 2, Prefetch>(xt, w, k, ldw, yt, ldy, ldr, b); break;
+      case 3: if constexpr (G >= 3) tile<R, 3, Prefetch>(xt, w, k, ldw, yt, ldy, ldr, b); break;
+      case 4: if constexpr (G >= 4) tile<R, 4, Prefetch>(xt, w, k, ldw, yt, ldy, ldr, b); break;
     }
   }
 }
 
-// 一个线程的一段权重：第 lo 到 hi 块，每块 R 行（最后一块可能不满）
+// 一个线程的一段权重：第 r0 到 r1 行。切成 R 段，每个小块取每段里的下一行：内存里是 R 条长长的顺序读。
+// 小块取 R 行挨着的权重时，每条顺序读只有一行长（k = 576 时 2.3 KB），硬件预取刚认出它就读完了
 template <int R, int G, bool Prefetch>
 void rows_range(const float* x, int64_t n, const float* w, int64_t k, int64_t m, float* y, const float* b,
-                int64_t lo, int64_t hi) {
-  for (int64_t blk = lo; blk < hi; ++blk) {
-    const int64_t r0 = blk * R;
-    const float *wr = w + r0 * k, *br = b ? b + r0 : nullptr;
-    switch (std::min<int64_t>(R, m - r0)) {
-      case 4: if constexpr (R >= 4) rows_tile<4, G, Prefetch>(x, n, wr, k, y + r0, m, br); break;
-      case 3: if constexpr (R >= 3) rows_tile<3, G, Prefetch>(x, n, wr, k, y + r0, m, br); break;
-      case 2: rows_tile<2, G, Prefetch>(x, n, wr, k, y + r0, m, br); break;
-      case 1: rows_tile<1, G, Prefetch>(x, n, wr, k, y + r0, m, br); break;
-    }
+                int64_t r0, int64_t r1) {
+  const int64_t q = (r1 - r0) / R;  // 每段 q 行；除不尽的最后几行一行一块
+  for (int64_t j = 0; j < q; ++j) {
+    rows_tile<R, G, Prefetch>(x, n, w + (r0 + j) * k, k, q * k, y + r0 + j, m, q, b ? b + r0 + j : nullptr);
   }
+  for (int64_t r = r0 + R * q; r < r1; ++r) rows_tile<1, G, false>(x, n, w + r * k, k, k, y + r, m, 1, b ? b + r : nullptr);
 }
 
 // --8<-- [end:tile]
@@ -81,10 +79,10 @@ void gemm_rows(const float* x, const float* w, int64_t rows, int64_t k, float* y
   for (int64_t r0 = 0; r0 < rows; r0 += kGemmR) {
     const float* br = b ? b + r0 : nullptr;
     switch (std::min<int64_t>(kGemmR, rows - r0)) {
-      case 4: if constexpr (kGemmR >= 4) tile<4, T, false>(x, w + r0 * k, k, y + r0, ldy, br); break;
-      case 3: tile<3, T, false>(x, w + r0 * k, k, y + r0, ldy, br); break;
-      case 2: tile<2, T, false>(x, w + r0 * k, k, y + r0, ldy, br); break;
-      case 1: tile<1, T, false>(x, w + r0 * k, k, y + r0, ldy, br); break;
+      case 4: if constexpr (kGemmR >= 4) tile<4, T, false>(x, w + r0 * k, k, k, y + r0, ldy, 1, br); break;
+      case 3: tile<3, T, false>(x, w + r0 * k, k, k, y + r0, ldy, 1, br); break;
+      case 2: tile<2, T, false>(x, w + r0 * k, k, k, y + r0, ldy, 1, br); break;
+      case 1: tile<1, T, false>(x, w + r0 * k, k, k, y + r0, ldy, 1, br); break;
     }
   }
 }
@@ -119,7 +117,7 @@ Operands operands(const torch::Tensor& x, const torch::Tensor& w, const c10::opt
   TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), op, ": shapes ", x.sizes(), " and ", w.sizes(),
               " do not match");
   TORCH_CHECK(x.is_cpu() && w.is_cpu() && x.scalar_type() == at::kFloat && w.scalar_type() == at::kFloat, op,
-              ": CPU fp32 only, got ", x.scalar_type(), " and ", w.scalar_type());
+              ": CPU fp32 only, got x ", x.device(), " ", x.scalar_type(), " and w ", w.device(), " ", w.scalar_type());
   TORCH_CHECK(!b.has_value() || (b->is_cpu() && b->scalar_type() == at::kFloat && b->numel() == w.size(0)), op,
               ": bias must be CPU fp32 of ", w.size(0));
   return {x.contiguous(), w.contiguous(), b.has_value() ? b->contiguous() : torch::Tensor(),
@@ -138,18 +136,17 @@ torch::Tensor small_linear(const torch::Tensor& x_in, const torch::Tensor& w_in,
   float* yp = o.yp();
   // --8<-- [start:parallel]
   // 小块的形状和要不要预取，按这次的输入行数定一次：
-  // - 不超过 kTileT 行：kTileR × kTileT 的小块，输入一遍算完；
-  // - 更多（AVX2 上 3~8 行）：换 prefill 的 kGemmR × kGemmT 小块，寄存器正好装满，每读一遍权重算 4 行；
-  // - 只有 1 行时计算很轻，硬件预取跟得上顺序读，软件预取只多占指令；多于 1 行时每块算得久，要趁这时预取下一块。
-  // 三条都是在整个 Engine 的一步上量出来的
+  // - 不超过 kTileT 行：kTileR × kTileT 的小块，输入一遍算完。计算很轻，R 条长的顺序读硬件预取跟得上，不用软件预取；
+  // - 更多（AVX2 上 3~8 行）：换 prefill 的 kGemmR × kGemmT 小块，寄存器正好装满，每读一遍权重算 4 行。
+  //   每块算得久，要趁这时预取下一行，内存才不闲着（tools/bench/kernels.py 在 1~8 行上量的）
   const bool wide = n > kTileT;
   const int64_t rows = wide ? kGemmR : kTileR, blocks = (m + rows - 1) / rows;
   // 每个线程至少分到约 64 KB 权重：更小的矩阵开线程不划算
   const int64_t grain = k > 0 ? std::max<int64_t>(1, (16384 + rows * k - 1) / (rows * k)) : blocks;
   at::parallel_for(0, blocks, grain, [&](int64_t lo, int64_t hi) {
-    if (wide) rows_range<kGemmR, kGemmT, true>(xp, n, wp, k, m, yp, bp, lo, hi);
-    else if (n > 1) rows_range<kTileR, kTileT, true>(xp, n, wp, k, m, yp, bp, lo, hi);
-    else rows_range<kTileR, kTileT, false>(xp, n, wp, k, m, yp, bp, lo, hi);
+    const int64_t r0 = lo * rows, r1 = std::min(m, hi * rows);
+    if (wide) rows_range<kGemmR, kGemmT, true>(xp, n, wp, k, m, yp, bp, r0, r1);
+    else rows_range<kTileR, kTileT, false>(xp, n, wp, k, m, yp, bp, r0, r1);
   });
   // --8<-- [end:parallel]
   return o.y;
@@ -171,26 +168,23 @@ torch::Tensor gemm(const torch::Tensor& x_in, const torch::Tensor& w_in, const c
   return o.y;
 }
 
-// 只读不算：把 x 顺着读一遍、加起来（免得编译器把读省掉），线程和 small_linear 一样分。tools/bench 拿它和
-// sum() 一起量内存读带宽、取快的那个当 decode 的下限：矩阵乘快不过把权重读一遍
+// 只读不算：把 x 顺着读一遍、加起来（免得编译器把读省掉），和 small_linear 一样分：每个线程一段，切成 4 段同时顺着读。
+// tools/bench 拿它和 sum() 一起量内存读带宽、取快的那个当 decode 的下限：矩阵乘快不过把权重读一遍
 double stream_read(const torch::Tensor& x) {
   TORCH_CHECK(x.is_cpu() && x.scalar_type() == at::kFloat && x.is_contiguous(), "stream_read: contiguous CPU fp32 only");
-  constexpr int64_t kChunk = 1 << 16;  // 每块 256 KB
+  constexpr int64_t kGrain = 1 << 16;  // 每个线程至少 256 KB
   const float* p = x.data_ptr<float>();
-  const int64_t n = x.numel(), chunks = (n + kChunk - 1) / kChunk;
-  std::vector<float> sums(chunks);
-  at::parallel_for(0, chunks, 1, [&](int64_t lo, int64_t hi) {
-    for (int64_t c = lo; c < hi; ++c) {
-      const int64_t i0 = c * kChunk, i1 = std::min(n, i0 + kChunk);
-      vec acc[4] = {};
-      int64_t i = i0;
-      for (; i + 4 * kWidth <= i1; i += 4 * kWidth) {
-        for (int u = 0; u < 4; ++u) acc[u] += load(p + i + u * kWidth);  // 四个累加器：读不用等上一次加完
-      }
-      float s = hsum(acc[0] + acc[1] + acc[2] + acc[3]);
-      for (; i < i1; ++i) s += p[i];
-      sums[c] = s;
+  const int64_t n = x.numel();
+  std::vector<double> sums(at::get_num_threads());  // 每个线程一格
+  at::parallel_for(0, n, kGrain, [&](int64_t lo, int64_t hi) {
+    const int64_t q = (hi - lo) / (4 * kWidth) * kWidth;  // 每段 q 个，向量宽度的倍数；剩下的一个一个加
+    vec acc[4] = {};
+    for (int64_t i = 0; i < q; i += kWidth) {
+      for (int s = 0; s < 4; ++s) acc[s] += load(p + lo + s * q + i);
     }
+    float t = hsum(acc[0] + acc[1] + acc[2] + acc[3]);
+    for (int64_t i = lo + 4 * q; i < hi; ++i) t += p[i];
+    sums[at::get_thread_num()] += t;
   });
   return std::accumulate(sums.begin(), sums.end(), 0.0);
 }
