@@ -138,7 +138,7 @@ torch::Tensor small_linear(const torch::Tensor& x_in, const torch::Tensor& w_in,
   // 小块的形状和要不要预取，按这次的输入行数定一次：
   // - 不超过 kTileT 行：kTileR × kTileT 的小块，输入一遍算完。计算很轻，R 条长的顺序读硬件预取跟得上，不用软件预取；
   // - 更多（AVX2 上 3~8 行）：换 prefill 的 kGemmR × kGemmT 小块，寄存器正好装满，每读一遍权重算 4 行。
-  //   每块算得久，要趁这时预取下一行，内存才不闲着（tools/bench/kernels.py 在 1~8 行上量的）
+  //   每块算得久，要趁这时预取下一行，内存才不闲着（两条都是几种写法轮流测 1~8 行定的，见附录）
   const bool wide = n > kTileT;
   const int64_t rows = wide ? kGemmR : kTileR, blocks = (m + rows - 1) / rows;
   // 每个线程至少分到约 64 KB 权重：更小的矩阵开线程不划算
