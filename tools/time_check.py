@@ -22,17 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from tools.bench.machine import cpu_name
 from tools.manifest import ROOT, load_manifest, load_tasks
-
-
-def cpu_name() -> str:
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return "未知 CPU"
-    get = {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in info.splitlines()) if v}
-    return f"{get.get('model name', '?')}（family {get.get('cpu family', '?')} model {get.get('model', '?')}），" \
-           f"{os.cpu_count()} 核"
 
 
 JOB = re.compile(r"^(?:通过|失败)\s+(.+?): .*（(\d+) s）$", re.M)
@@ -82,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     tags = args.chapters or [c.name.split("_")[0] for c in load_manifest() if c.chapter >= 1]
     load = os.getloadavg()
-    print(f"{cpu_name()}；开始时的负载 {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}；仓库 {args.repo}\n")
+    print(f"{cpu_name()}，{os.cpu_count()} 核；"
+          f"开始时的负载 {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}；仓库 {args.repo}\n")
     print("| 章 | 跑了什么 | 墙钟 s | 子进程 CPU s | 退出码 | 各份进程（s） |\n|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory(prefix="time_check_") as d:
         for tag in tags:

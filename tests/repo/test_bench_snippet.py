@@ -128,6 +128,16 @@ def test_peer_line_agrees_with_the_llama_row(text):
         assert (verdict == "比") == (peer > floor), m[0]
 
 
+def test_engine_faster_than_the_floor_is_said(text):
+    """Engine 的 bs=1 一步比"内存带宽下限"那一行还快时（下限量在机器更忙的那一阵），表下面明说；不快时不说。"""
+    times, _ = parse(text)
+    rows = {r[0]: r for r in times}
+    floor, engine = float(rows[bench.ROWS["floor"]][1]), float(rows[bench.ROWS["engine"]][1])
+    said = re.search(r"Engine 的 decode bs=1 折合读权重 ([\d.]+) GB/s，比下限用的读带宽还快", text)
+    if abs(floor - engine) > 0.1:  # 表里只留一位小数：差不到 0.1 ms 时分不出谁快
+        assert (said is not None) == (engine < floor), f"Engine {engine} ms/步，下限 {floor} ms/步"
+
+
 def test_memory_line_is_consistent(text):
     m = re.search(r"峰值增量：([\d.]+) GiB；权重 \+ KV 池 = ([\d.]+) GiB（差 ([+-][\d.]+) GiB）", text)
     assert m, "缺少加载 Engine 时的峰值内存那一行"
@@ -163,3 +173,16 @@ def test_kernel_table_is_what_bench_kernels_writes(shapes):
             if m[2]:  # 2·行数·权重个数 / 秒；表里取整到 1 GFLOP/s
                 want = 2 * int(r[0]) * mib * 2**20 / 4 / (ms / 1e3) / 1e9
                 assert float(m[2]) == pytest.approx(want, rel=0.01, abs=0.6), cell
+
+
+@pytest.mark.parametrize("engine_ms, llama_ms, said", [(9.0, 12.0, "engine"), (11.0, 9.0, "llama"), (11.0, 12.0, None),
+                                                       (9.0, 8.0, "both")])
+def test_peer_line_says_who_reads_faster_than_the_floor(engine_ms, llama_ms, said):
+    """下限 1 GB/s、权重 10 MB（下限 10 ms/步）：谁的 bs=1 一步比它快，表下面就说谁；llama.cpp 那句总在。"""
+    from tools.bench.__main__ import Measured, peer_line
+
+    results = {"engine": Timing({1: engine_ms / 1e3}), "llama": Timing({1: llama_ms / 1e3})}
+    text = peer_line(Measured(results, "1.0 GB/s", 1.0, "", ""), 10 ** 7)
+    assert "llama.cpp 的 decode bs=1 折合读权重" in text
+    assert ("下限不是真的下限" in text) == (said in ("llama", "both")), text
+    assert ("Engine 的 decode bs=1 折合读权重" in text) == (said in ("engine", "both")), text

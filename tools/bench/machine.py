@@ -17,22 +17,30 @@ T = TypeVar("T")
 SIMD_FLAGS = ["avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16"]  # 和矩阵乘快慢有关的
 
 
-def cpu_name() -> str:
+def _cpuinfo() -> dict[str, str]:
+    """/proc/cpuinfo 第一个 CPU 的字段；不是 Linux 时是空的。"""
     with contextlib.suppress(OSError):
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
+        head = Path("/proc/cpuinfo").read_text().split("\n\n", 1)[0]
+        return {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in head.splitlines())}
+    return {}
+
+
+def cpu_name() -> str:
+    """型号名后面跟 family / model：虚拟机里型号名常常只有"AMD EPYC"，分不出是哪一代。"""
+    info = _cpuinfo()
+    if "model name" not in info:
+        return platform.processor() or platform.machine()
+    if "cpu family" not in info:
+        return info["model name"]
+    return f"{info['model name']} family {info['cpu family']} model {info.get('model', '?')}"
 
 
 def cpu_flags() -> str:
     """/proc/cpuinfo 里和矩阵乘有关的几个指令集标志（有哪个写哪个）。"""
-    with contextlib.suppress(OSError):
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("flags"):
-                have = set(line.split(":", 1)[1].split())
-                return " ".join(f for f in SIMD_FLAGS if f in have) or "没有 AVX2"
-    return "未知"
+    if "flags" not in (info := _cpuinfo()):
+        return "未知"
+    have = set(info["flags"].split())
+    return " ".join(f for f in SIMD_FLAGS if f in have) or "没有 AVX2"
 
 
 def l3_size() -> str:

@@ -13,6 +13,19 @@ namespace minisgl {
 namespace {
 
 // --8<-- [start:tile]
+// 读一个向量，要它留在寄存器里。不这样的话 gcc 会把读并进乘加（带内存操作数的 vfmadd）：小块里每个权重向量
+// 要给 T 行输入用，就从 L1 读 T 遍，每个输入向量读 R 遍。AVX2 的 3×4 块 12 次乘加要读 16 次，每周期只能读两次，
+// 卡在读上；留在寄存器里只读 3 + 4 次。空的 asm 不生成指令，只对编译器说"这个值在寄存器里，别再从内存取"
+inline vec load_reg(const float* p) {
+  vec v = load(p);
+#if defined(__x86_64__)
+  asm("" : "+v"(v));
+#elif defined(__aarch64__)
+  asm("" : "+w"(v));
+#endif
+  return v;
+}
+
 // R 行权重（第 r 行从 w + r·ldw 开始，每行 k 个）× T 行输入（从 x 开始）：结果写进 y 的 T 行，第 r 行权重的结果在
 // 第 r·ldr 列（bias 也按 ldr 取）。prefill 的小块里 R 行权重挨着（ldw = k，ldr = 1）；decode 的 R 行各在一段里（见 rows_range）
 template <int R, int T, bool Prefetch>
@@ -22,13 +35,13 @@ void tile(const float* x, const float* w, int64_t k, int64_t ldw, float* y, int6
   for (; i + kWidth <= k; i += kWidth) {
     vec wv[R];
     for (int r = 0; r < R; ++r) {
-      wv[r] = load(w + r * ldw + i);
+      wv[r] = load_reg(w + r * ldw + i);
       // decode 的输入多于 1 行、一块要算一阵时（Prefetch）：这一段的下一行权重（紧挨着这一行）的同一列先从内存取来。
       // 最后的 0 是"不再用"（prefetchnta）：权重每步只读一次，别让它把接下来那些小算子要的数据挤出缓存
       if constexpr (Prefetch) __builtin_prefetch(w + r * ldw + k + i, 0, 0);
     }
     for (int t = 0; t < T; ++t) {
-      const vec xv = load(x + t * k + i);
+      const vec xv = load_reg(x + t * k + i);
       for (int r = 0; r < R; ++r) acc[t][r] += xv * wv[r];
     }
   }
