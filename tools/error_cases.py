@@ -105,12 +105,12 @@ def _code(text: str) -> str:
 
 
 def render_fragment(c: Case, frag: str) -> str:
-    """片段写成行内代码，占位符写成 {页面上的词}；整个片段就是一个占位符时只写那个词。"""
+    """片段写成行内代码，占位符写成 {页面上的词}；整个片段就是一个占位符时只写 {那个词}，不用代码体。"""
     if frag == "\n":
         return "换行"
     whole = PLACEHOLDER.fullmatch(frag)
     if whole:
-        return c.echo[whole.group(1)]
+        return "{" + c.echo[whole.group(1)] + "}"
     return _code(PLACEHOLDER.sub(lambda m: "{" + c.echo[m.group(1)] + "}", frag))
 
 
@@ -120,6 +120,9 @@ def render_raises(c: Case) -> str:
             return "非 0 退出，最后一行是命令行解析的 `error: …`（第 6 章起 `错误：…`）"
         return "非 0 退出，最后一行 `错误：…`"
     return " 或 ".join(f"`{r}`" for r in c.raises)
+
+
+ECHO_NOTE = "表里的 {{…}} 不是照抄的字，是测试的输入在消息里的回显：比如 {{{example}}} 处写出测试给的那个值。"
 
 
 def render_table(folder: str, task: int | None = None) -> str:
@@ -136,4 +139,7 @@ def render_table(folder: str, task: int | None = None) -> str:
             need += "；不能有 " + "、".join(render_fragment(c, f) for f in c.absent)
         cells = [c.when, render_raises(c), need]
         out.append("| " + " | ".join(cell.replace("|", "\\|").replace("\n", " ") for cell in cells) + " |")
+    shown = [c.echo[m.group(1)] for c in rows for f in (*c.message, *c.absent) for m in PLACEHOLDER.finditer(f)]
+    if shown:
+        out += ["", ECHO_NOTE.format(example=shown[0])]
     return "\n".join(out)

@@ -131,8 +131,9 @@ def test_apply_rope_refuses_a_position_past_the_table(ext):
 
 
 @pytest.mark.parametrize("loc_dtype", [torch.int32, torch.int64])
-@pytest.mark.parametrize("flat", [True, False])
-def test_store_cache_writes_only_the_given_slots(ext, fallback, loc_dtype, flat):
+@pytest.mark.parametrize("layout", ["flat", "heads", "qkv_rows", "qkv_heads"])
+def test_store_cache_writes_only_the_given_slots(ext, fallback, loc_dtype, layout):
+    """k、v 可以是 (N, H·D)、(N, H, D)，也可以是从 qkv 切出来、行间有间隔的 view（decode 时的 v 就是）。"""
     from minisgl.kvcache import MHAKVCache
 
     g = torch.Generator().manual_seed(0)
@@ -141,14 +142,21 @@ def test_store_cache_writes_only_the_given_slots(ext, fallback, loc_dtype, flat)
                                        device=torch.device("cpu")))
     for layer in (pool.k_cache(0), pool.v_cache(0)):
         layer.fill_(float("nan"))
-    k, v = torch.randn(2, 5, 2, 8, generator=g)
+    qkv = torch.randn(5, 3 * 16, generator=g)
+    _, k, v = qkv.split([16, 16, 16], dim=-1)  # 行间隔着 48 个数
+    if layout in ("flat", "heads"):
+        k, v = k.contiguous(), v.contiguous()
+    if layout in ("heads", "qkv_heads"):
+        k, v = k.view(5, 2, 8), v.view(5, 2, 8)
+    before = qkv.clone()
     loc = torch.tensor([21, 2, 9, 14, 3], dtype=loc_dtype)
-    args = (k.flatten(1), v.flatten(1)) if flat else (k, v)
-    ext.store_cache(caches[0], caches[1], loc, *args)
-    pool.store_kv(*args, loc, 0)
+    ext.store_cache(caches[0], caches[1], loc, k, v)
+    pool.store_kv(k, v, loc, 0)
     assert torch.equal(caches[0].nan_to_num(), pool.k_cache(0).view(24, 2, 8).nan_to_num())
     assert torch.equal(caches[1].nan_to_num(), pool.v_cache(0).view(24, 2, 8).nan_to_num())
-    assert torch.equal(caches[0][loc.long()], k) and caches[0].isnan().sum() == (24 - 5) * 16
+    assert torch.equal(caches[0][loc.long()], k.reshape(5, 2, 8)) and caches[0].isnan().sum() == (24 - 5) * 16
+    assert torch.equal(caches[1][loc.long()], v.reshape(5, 2, 8))
+    assert torch.equal(qkv, before), "输入不许被改"
 
 
 def test_store_cache_refuses_a_slot_outside_the_pool(ext):

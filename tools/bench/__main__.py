@@ -19,7 +19,7 @@ import gc
 import json
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -29,7 +29,7 @@ from tools.bench.llama import LlamaBench
 from tools.bench.machine import Steady, kernel_summary, machine_line
 from tools.bench.memory import PeakRSS, huge_page_line, read_bandwidth
 from tools.bench.profile import profile_engine_decode
-from tools.bench.report import BATCH_SIZES, COMMAND, COMMAND_SMOLLM2, SNIPPET, SNIPPET_SMOLLM2, render
+from tools.bench.report import BATCH_SIZES, COMMAND, COMMAND_SMOLLM2, SNIPPET, SNIPPET_SMOLLM2, pairs_line, render
 from tools.bench.timing import (PREFILL_TOKENS, PROMPTS, Timing, load_engine, load_skeleton, prefill_ids, time_engine,
                                 time_engine_prefill, time_hf, time_hf_prefill, time_skeleton, time_skeleton_prefill)
 from tools.manifest import use_checkpoint
@@ -78,6 +78,7 @@ class Measured:
     gbps: float  # 下限用的读带宽
     profile: str  # profile.profile_engine_decode 的那一行
     steal: str  # Steady.line()：被宿主机限流时重测了几次
+    pairs: dict[str, list[float]] = field(default_factory=dict)  # report.PAIRS 的键 -> 每轮紧挨着量的一对之比
 
 
 def measure(args: argparse.Namespace, path: str, engine, llama: LlamaBench | None) -> Measured:
@@ -92,12 +93,21 @@ def measure(args: argparse.Namespace, path: str, engine, llama: LlamaBench | Non
     res = {k: Timing() for k in ("floor", "skeleton", "hf", "engine", *(["llama"] if llama else []))}
     gbps, how = 0.0, ""
     steady = Steady()  # 每一项都经它量：被宿主机限流的那一阵重测，不留在表里
+    pairs: dict[str, list[float]] = {"engine bs4/bs1": [], **({"engine/llama": []} if llama else {})}
     for r in range(args.repeat):
         gbps, how = max((gbps, how), steady.run(read_bandwidth))
+        # llama.cpp、Engine bs=1、Engine bs=4 紧挨着测：比值表比的正是这两对，机器忙的那一阵多半落在一对的两头
+        lc = steady.run(lambda: llama.decode_seconds(args.steps)) if llama else None
+        step = {}
         for bs in BATCH_SIZES:
-            res["engine"].keep(bs, steady.run(lambda: time_engine(engine, tok, PROMPTS[:bs], args.steps + 1)))
-            if llama and bs == 1:  # 紧挨着 Engine 的 bs=1 测：表里比的正是这一对，机器忙的那一阵多半落在两者头上
-                res["llama"].keep_best("decode", 1, steady.run(lambda: llama.decode_seconds(args.steps)))
+            one = steady.run(lambda: time_engine(engine, tok, PROMPTS[:bs], args.steps + 1))
+            res["engine"].keep(bs, one)
+            step[bs] = one[1]
+        pairs["engine bs4/bs1"].append(step[4] / step[1])
+        if llama:
+            res["llama"].keep_best("decode", 1, lc)
+            pairs["engine/llama"].append(step[1] / lc)
+        for bs in BATCH_SIZES:
             res["hf"].keep(bs, steady.run(lambda: time_hf(hf, tok, PROMPTS[:bs], args.steps)))
         for bs in BATCH_SIZES:  # prefill 的两列：bs 个 32 token 的提示词；llama.cpp 紧挨着量同样多的 token
             pids = prefill_ids(tok, bs)
@@ -113,7 +123,7 @@ def measure(args: argparse.Namespace, path: str, engine, llama: LlamaBench | Non
               f"{res['engine'].decode[4] * 1e3:.1f} ms/步（bs=1 / bs=4，到目前最快），"
               f"prefill {res['engine'].prefill[1] * 1e3:.0f} / {res['engine'].prefill[4] * 1e3:.0f} ms", flush=True)
     res["floor"] = Timing({bs: weight_bytes(engine) / (gbps * 1e9) for bs in BATCH_SIZES}, {})
-    return Measured(res, f"{gbps:.1f} GB/s（{how}）", gbps, profile_engine_decode(engine, tok), steady.line())
+    return Measured(res, f"{gbps:.1f} GB/s（{how}）", gbps, profile_engine_decode(engine, tok), steady.line(), pairs)
 
 
 def weight_bytes(engine) -> int:
@@ -139,7 +149,7 @@ def header(args: argparse.Namespace, argv: list[str], path: str, engine, rss: Pe
             "weights_kv": f"{(weights + kv) / gib:.2f} GiB",
             "peak_rss": "量不到（没有 /proc/self/clear_refs）" if rss.delta is None else f"{rss.delta / gib:.2f} GiB",
             "rss_over": "—" if rss.delta is None else f"{(rss.delta - weights - kv) / gib:+.2f} GiB",
-            "peer": peer_line(measured, weights)}
+            "peer": peer_line(measured, weights), "pairs": pairs_line(measured.pairs)}
 
 
 def peer_line(measured: Measured, weights: int) -> str:

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import statistics
+
 from tools.bench.timing import Timing
 from tools.manifest import ROOT
 
@@ -24,6 +26,17 @@ RATIOS = {"engine/floor": "Engine / 下限", "hf/engine": "HF / Engine", "skelet
 TARGETS = {"hf/engine": "bs=1 ≥ 1.0，bs=4 ≥ 1.3", "engine bs4/bs1": "≤ 1.15",
            "engine/llama": "bs=1 ≤ 1.00（SmolLM2 ≤ 1.15）", "hf/engine prefill": "≥ 1.0",
            "engine/llama prefill": "≤ 1.25（4×32 比 pp128）"}
+
+
+PAIRS = {"engine bs4/bs1": "Engine 的 bs=4 步 / bs=1 步", "engine/llama": "Engine / llama.cpp（decode bs=1）"}
+
+
+def pairs_line(pairs: dict[str, list[float]]) -> str:
+    """比值表用的是各自最快的一轮；机器在几轮之间忽快忽慢时，两个最快可能不在同一轮。这里是每轮里紧挨着量的那一对。"""
+    parts = [f"{PAIRS[k]}各轮是 {'、'.join(f'{x:.2f}' for x in v)}，中位数 {statistics.median(v):.2f}"
+             for k, v in pairs.items() if v]
+    return ("同一轮里紧挨着量的一对（上面的比值表用的是各自最快的一轮，不一定在同一轮）：" + "；".join(parts) + "。"
+            if parts else "")
 
 
 def fmt(x: float | None, digits: int = 1) -> str:
@@ -79,6 +92,8 @@ def render(results: dict[str, Timing], meta: dict[str, str]) -> str:
               f"每项 {meta['repeat']} 轮取最快），换个时间、换台机器都会有起伏；比的是同一次运行里的相对快慢。"
               + (f"{meta['steal']}。" if meta.get("steal") else "")), ""]
     lines += time_rows(results) + [""] + ratio_rows(results)
+    if meta.get("pairs"):  # 每轮紧挨着量的一对之比：各轮的数和中位数
+        lines += ["", meta["pairs"]]
     if meta.get("peer"):  # llama.cpp 的 decode 折合成读权重的带宽，和下限并排
         lines += ["", meta["peer"]]
     lines += ["", (f"加载 Engine 时常驻内存的峰值增量：{meta['peak_rss']}；权重 + KV 池 = {meta['weights_kv']}"

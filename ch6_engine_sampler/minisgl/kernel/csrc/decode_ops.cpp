@@ -168,15 +168,20 @@ void store_cache(torch::Tensor& k_cache, torch::Tensor& v_cache, const torch::Te
   const int64_t slots = k_cache.size(0), row = slots ? k_cache.numel() / slots : 0, n = indices.numel();
   const std::vector<int64_t> lp = indices_of(indices, "store_cache", "indices");
   if (n == 0) return;  // 没有要写的（reshape 也分不出 0 行每行多长）
-  const auto k = k_in.reshape({n, -1}).contiguous(), v = v_in.reshape({n, -1}).contiguous();
+  // 每行连续就行，行间可以有间隔（decode 时 v 是从 qkv 里切出来的一段，行间隔着 q、k）：按行的步长拷，不先拷一份
+  auto rows_of = [n](const torch::Tensor& t) {
+    const auto r = t.reshape({n, -1});
+    return r.stride(1) == 1 ? r : r.contiguous();
+  };
+  const auto k = rows_of(k_in), v = rows_of(v_in);
   check_f32(k, "store_cache", "k");
   check_f32(v, "store_cache", "v");
   TORCH_CHECK(k.size(1) == row && v.size(1) == row, "store_cache: k ", k_in.sizes(), " / v ", v_in.sizes(),
               " do not fit slots of ", row, " floats");
   for (const int64_t i : lp) check_index(i, slots, "store_cache", "slot");  // 先全查一遍：出错时池子一个槽位也没动
   for (int64_t i = 0; i < n; ++i) {
-    std::memcpy(k_cache.data_ptr<float>() + lp[i] * row, k.data_ptr<float>() + i * row, row * sizeof(float));
-    std::memcpy(v_cache.data_ptr<float>() + lp[i] * row, v.data_ptr<float>() + i * row, row * sizeof(float));
+    std::memcpy(k_cache.data_ptr<float>() + lp[i] * row, k.data_ptr<float>() + i * k.stride(0), row * sizeof(float));
+    std::memcpy(v_cache.data_ptr<float>() + lp[i] * row, v.data_ptr<float>() + i * v.stride(0), row * sizeof(float));
   }
 }
 
@@ -207,32 +212,39 @@ torch::Tensor decode_attention(const torch::Tensor& q_in, const torch::Tensor& k
   const bool* mp = mask.data_ptr<bool>();
   float* op = out.data_ptr<float>();
   for (int64_t i = 0; i < bs * len; ++i) check_index(sp[i], num_slots, "decode_attention", "slot");
-  // 一个任务 = 一个请求的一个 kv 头和共用它的 groups 个 q 头：每行 k、v 从内存读一次，给这几个 q 头都用上
-  const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, groups * len * d));
+  // 一个任务 = 一个请求的一个 kv 头和共用它的 groups 个 q 头：每行 k、v 从内存读一次，给这几个 q 头都用上。
+  // 每个线程至少分到约 16384 次 q·k 乘加（几微秒的活）：SmolLM2 的 4 个请求、30 个 token 时两个线程各算一半
+  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, groups * len * d));
   at::parallel_for(0, bs * hkv, grain, [&](int64_t lo, int64_t hi) {
-    std::vector<float> p(groups * len);
+    std::vector<float> p(groups * len), top(groups), z(groups);  // 每个线程一份，各个任务接着用
     for (int64_t task = lo; task < hi; ++task) {
       const int64_t b = task / hkv, h = task % hkv;
       const int64_t* sl = sp + b * len;
       const bool* ml = mp + b * len;
       const float* qh = qp + (b * hq + h * groups) * d;
       float* oh = op + (b * hq + h * groups) * d;
-      std::vector<float> top(groups, -INFINITY), z(groups, 0.f);
+      std::fill(top.begin(), top.end(), -INFINITY);
+      std::fill(z.begin(), z.end(), 0.f);
       std::fill(oh, oh + groups * d, 0.f);
-      for (int64_t l = 0; l < len; ++l) {  // 分数 q·k·scale，同时记下每个 q 头的最大值
-        if (!ml[l]) continue;
+      for (int64_t l = 0; l < len; ++l) {  // 分数 q·k·scale，同时记下每个 q 头的最大值；遮掉的位置记 -inf
         const float* kr = kp + (sl[l] * hkv + h) * d;
         for (int64_t g = 0; g < groups; ++g) {
-          const float s = dot(qh + g * d, kr, d) * static_cast<float>(scale);
+          const float s = ml[l] ? dot(qh + g * d, kr, d) * static_cast<float>(scale) : -INFINITY;
           p[g * len + l] = s;
           top[g] = std::max(top[g], s);
         }
       }
-      for (int64_t l = 0; l < len; ++l) {  // softmax 的分子，和 Σ p·v（最后再除以分母）
+      for (int64_t g = 0; g < groups; ++g) {  // softmax 的分子 e^(s - max)：和 silu_and_mul 一样用 exp_vec，一次 kWidth 个
+        float* pg = p.data() + g * len;
+        int64_t l = 0;
+        for (; l + kWidth <= len; l += kWidth) store(pg + l, exp_vec(load(pg + l) - top[g]));
+        for (; l < len; ++l) pg[l] = std::exp(pg[l] - top[g]);
+      }
+      for (int64_t l = 0; l < len; ++l) {  // 分母，和 Σ p·v（最后再除以分母）；遮掉的位置不读 v（池子里可能是没写过的数）
         if (!ml[l]) continue;
         const float* vr = vp + (sl[l] * hkv + h) * d;
         for (int64_t g = 0; g < groups; ++g) {
-          const float e = std::exp(p[g * len + l] - top[g]);
+          const float e = p[g * len + l];
           z[g] += e;
           for (int64_t i = 0; i < d; ++i) oh[g * d + i] += e * vr[i];
         }
