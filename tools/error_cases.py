@@ -108,10 +108,8 @@ def render_fragment(c: Case, frag: str) -> str:
     """片段写成行内代码，占位符写成 {页面上的词}；整个片段就是一个占位符时只写 {那个词}，不用代码体。"""
     if frag == "\n":
         return "换行"
-    whole = PLACEHOLDER.fullmatch(frag)
-    if whole:
-        return "{" + c.echo[whole.group(1)] + "}"
-    return _code(PLACEHOLDER.sub(lambda m: "{" + c.echo[m.group(1)] + "}", frag))
+    shown = PLACEHOLDER.sub(lambda m: "{" + c.echo[m.group(1)] + "}", frag)
+    return shown if PLACEHOLDER.fullmatch(frag) else _code(shown)
 
 
 def render_raises(c: Case) -> str:
