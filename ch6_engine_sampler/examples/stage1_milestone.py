@@ -21,6 +21,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # 在检查点目录里直接运行也能 import minisgl
+from minisgl import kernel  # noqa: E402
 from minisgl.core import SamplingParams  # noqa: E402
 from minisgl.distributed import DistributedInfo  # noqa: E402
 from minisgl.engine import Engine, EngineConfig  # noqa: E402
@@ -117,7 +118,10 @@ def main() -> None:
     who = "OMP_NUM_THREADS 指定" if "OMP_NUM_THREADS" in os.environ else "Engine 自己设"
     print(f"正式结构：{engine.device}，注意力后端 {engine.config.attention_backend}，"
           f"KV 池 {engine.num_pages} 页（page_size={engine.config.page_size}）")
-    print(f"  {torch.get_num_threads()} 个线程（{who}）")
+    # C++ 核的线程数另说：没带 OpenMP 编的核（Apple 的 clang、MINISGL_KERNEL_OPENMP=0）只用 1 个
+    k = kernel.num_threads() if engine.device.type == "cpu" else None
+    why = "，没带 OpenMP 编" if k is not None and k < torch.get_num_threads() else ""
+    print(f"  {torch.get_num_threads()} 个线程（{who}）" + ("" if k is None else f"；C++ 核用 {k} 个{why}"))
 
     m.generate(PROMPTS, 2)  # 预热：第一次前向要分配内存、填缓存，不算进计时
     # 1. 和第 0 步同一个请求

@@ -13,6 +13,8 @@ from __future__ import annotations
 import ast
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -101,6 +103,40 @@ def test_kernel_result_does_not_depend_on_thread_count():
         finally:
             torch.set_num_threads(before)
         assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+
+
+def test_num_threads_says_how_many_threads_the_kernel_really_uses():
+    """带 OpenMP 编的核跟着 torch 的线程数；MINISGL_KERNEL_OPENMP=0（Apple 的 clang 同样）编的核只有 1 个。
+    CI 把第 6 章的测试在 MINISGL_KERNEL_OPENMP=0 下再跑一遍，两种都核对到。"""
+    from minisgl.kernel import utils
+
+    ext = _ext()
+    if ext is None:
+        assert not _has_toolchain() and utils.num_threads() is None
+        return
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert utils.num_threads() == ext.num_threads() == (2 if utils.OPENMP else 1)
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("value,openmp", [("0", False), ("1", True)])
+def test_the_openmp_switch_has_its_own_cache_key(value, openmp, tmp_path):
+    """MINISGL_KERNEL_OPENMP=0 不带 -fopenmp 编，缓存另存一份：两种库不互相顶替（子进程里读，和读者设环境变量时一样）"""
+    import minisgl
+
+    code = ("from minisgl.kernel import utils as u; "
+            "print(u.OPENMP, '-fopenmp' in u.FLAGS, u.cache_key([u.CSRC / s for s in u.SOURCES]))")
+    keys = {}
+    for v in (value, "0" if value == "1" else "1"):
+        env = dict(os.environ, MINISGL_KERNEL_OPENMP=v, PYTHONPATH=str(Path(minisgl.__file__).parents[1]))
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        keys[v] = out.stdout.split()
+    assert keys[value][:2] == [str(openmp), str(openmp)] or not sys.platform.startswith("linux")
+    assert keys["0"][:2] == ["False", "False"]
+    assert keys["0"][2] != keys["1"][2]
 
 
 @pytest.mark.parametrize("n", [0, 1, 7, 1 << 16, (1 << 16) + 3, 3 * (1 << 18) + 5])  # 凑不满一个线程、一段、一个向量
@@ -217,6 +253,21 @@ def test_build_failure_prints_one_line_and_uses_f_linear(fresh_extension, monkey
     assert f"（{reason}）" in err[0]
     assert "改用 PyTorch 的算子" in err[0] and "C++ 编译器" in err[0] and "pip install ninja" in err[0]
     assert "Traceback" not in err[0]
+
+
+def test_no_compiler_is_said_in_one_line(fresh_extension, monkeypatch, tmp_path, capsys):
+    """没有能用的 C++ 编译器（CXX=false，或 PATH 上没有 c++）：不去编，说一行原因，之后全用 PyTorch 的算子。"""
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "cache"))  # 空缓存：不会读到别处编好的库
+    for cxx, said in (("false", "C++ 编译器 false 运行不了"), ("no-such-c++", "找不到 C++ 编译器 no-such-c++")):
+        fresh_extension.extension.cache_clear()
+        monkeypatch.setenv("CXX", cxx)
+        layer, w, b = _plain_linear()
+        x = torch.randn(3, 16)
+        assert torch.equal(layer.forward(x), F.linear(x, w, b))
+        assert fresh_extension.extension() is None  # 同一进程里不再试
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and said in err[0] and "改用 PyTorch 的算子" in err[0], err
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").rglob("*.so"))
 
 
 def test_a_compile_error_comes_back_in_one_line(fresh_extension, monkeypatch, tmp_path):

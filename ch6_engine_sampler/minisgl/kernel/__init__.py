@@ -7,6 +7,6 @@ CPU 上的 fp32 拿到同签名的 C++ 版，别的（GPU、bf16、扩展编不�
 这一层是给好的代码：它不认识 layers，layers 调它。"""
 
 from .huge_pages import to_huge_pages
-from .utils import cpu_op, extension, load_jit
+from .utils import cpu_op, extension, load_jit, num_threads
 
-__all__ = ["cpu_op", "extension", "load_jit", "to_huge_pages"]
+__all__ = ["cpu_op", "extension", "load_jit", "num_threads", "to_huge_pages"]

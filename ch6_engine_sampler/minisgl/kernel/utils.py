@@ -13,6 +13,8 @@ import hashlib
 import importlib.util
 import os
 import platform
+import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -27,7 +29,10 @@ SOURCES = ("small_linear.cpp", "decode_ops.cpp", "module.cpp")  # 编成一个�
 
 
 _ARCH = "-mcpu=native" if platform.machine().lower() in ("arm64", "aarch64") else "-march=native"
-FLAGS = ["-O3", _ARCH, *(["-fopenmp"] if sys.platform.startswith("linux") else [])]  # OpenMP：用 torch 的线程池
+# OpenMP：核的 at::parallel_for 用 torch 的线程池。Linux 的 gcc 默认开；Apple 的 clang 没有 -fopenmp，
+# MINISGL_KERNEL_OPENMP=0 走同一条路（编出来的核单线程，num_threads() 如实说 1）。选项进了缓存键，两种各存一份
+OPENMP = os.environ.get("MINISGL_KERNEL_OPENMP", "1" if sys.platform.startswith("linux") else "0") != "0"
+FLAGS = ["-O3", _ARCH, *(["-fopenmp"] if OPENMP else [])]
 
 
 def cache_key(sources: Sequence[Path]) -> str:
@@ -40,11 +45,26 @@ def cache_key(sources: Sequence[Path]) -> str:
     return h.hexdigest()[:10]
 
 
+def compiler_problem() -> str | None:
+    """torch 编扩展用的 C++ 编译器（$CXX，默认 c++）跑不起来时说一句为什么；能用时是 None。
+    先问一句再编：不然原因埋在 torch 的长报错里，读者只看到一串命令"""
+    cxx = shlex.split(os.environ.get("CXX") or "c++") or ["c++"]
+    if shutil.which(cxx[0]) is None:
+        return f"找不到 C++ 编译器 {cxx[0]}"
+    try:
+        ok = subprocess.run([*cxx, "--version"], capture_output=True, timeout=60, check=False).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        ok = False
+    return None if ok else f"C++ 编译器 {' '.join(cxx)} 运行不了：{' '.join(cxx)} --version 失败"
+
+
 def load_jit(name: str, sources: Sequence[str]) -> ModuleType:
     """编译（缓存里没有时）并加载 csrc 下的 sources，得到一个 Python 扩展；编不了就抛 RuntimeError，第一行是原因。"""
     from torch.utils.cpp_extension import get_default_build_root
 
     paths = [CSRC / s for s in sources]
+    if why := compiler_problem():
+        raise RuntimeError(why)
     name = f"{name}_{cache_key(paths)}"
     build_dir = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()) / name
     library = build_dir / f"{name}.so"
@@ -85,6 +105,12 @@ def extension() -> ModuleType | None:
         print(f"minisgl.kernel：编译了 {files}（{time.perf_counter() - t0:.0f} 秒，之后的进程直接用缓存）",
               file=sys.stderr)
     return ext
+
+
+def num_threads() -> int | None:
+    """C++ 核的并行区真用几个线程：带 OpenMP 编的跟着 torch 的线程数，不带的只有 1 个；核用不了时是 None。"""
+    ext = extension()
+    return None if ext is None else ext.num_threads()
 
 
 def cpu_op(name: str, like: torch.Tensor) -> Callable[..., Any] | None:

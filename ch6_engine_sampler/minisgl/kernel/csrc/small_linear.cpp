@@ -26,9 +26,9 @@ inline vec load_reg(const float* p) {
   return v;
 }
 
-// 软件预取提前多少个数：固定 1 KB。提前一整行的话，提前多少随 k 变（k = 576 时 2.3 KB，k = 3072 时 12 KB）；
-// 固定 1 KB 在 SmolLM2 和 Qwen3 的形状上 4 行都比它快（怎么测的见附录）
-constexpr int64_t kAhead = 256;
+// 软件预取提前多少个数：固定 2 KB。提前一整行的话，提前多少随 k 变（k = 576 时 2.3 KB，k = 3072 时 12 KB）；
+// 1 KB、2 KB、4 KB 几种轮流测，2 KB 在 2~8 行上都在最快的一档（怎么测的见附录）
+constexpr int64_t kAhead = 512;
 
 // R 行权重（第 r 行从 w + r·ldw 开始，每行 k 个）× T 行输入（从 x 开始）：结果写进 y 的 T 行，第 r 行权重的结果在
 // 第 r·ldr 列（bias 也按 ldr 取）。prefill 的小块里 R 行权重挨着（ldw = k，ldr = 1）；decode 的 R 行各在一段里（见 rows_range）
@@ -40,10 +40,10 @@ void tile(const float* x, const float* w, int64_t k, int64_t ldw, float* y, int6
     vec wv[R];
     for (int r = 0; r < R; ++r) {
       wv[r] = load_reg(w + r * ldw + i);
-      // decode 的输入多于 1 行、一块要算一阵时（Prefetch）：这条顺序读 kAhead 个数之后的权重先从内存取来（读到行尾就是
-      // 这一段的下一行，它们挨着）。最后的 0 是"不再用"（prefetchnta）：权重每步只读一次，别让它把接下来那些小算子要的
-      // 数据挤出缓存。预取不是读：越过张量末尾也不出错、不取回数据
-      if constexpr (Prefetch) __builtin_prefetch(w + r * ldw + i + kAhead, 0, 0);
+      // decode 的输入多于 1 行、一块要算一阵时（Prefetch）：这条顺序读 kAhead 个数之后的权重先从内存取到 L2（读到行尾
+      // 就是这一段的下一行，它们挨着）。最后的 2 是 prefetcht1（进 L2）：在 Zen 4 上 AVX-512 和 AVX2 的写法都比
+      // prefetchnta（0，"不再用"）明显快（见附录）。预取不是读：越过张量末尾也不出错、不取回数据
+      if constexpr (Prefetch) __builtin_prefetch(w + r * ldw + i + kAhead, 0, 2);
     }
     for (int t = 0; t < T; ++t) {
       const vec xv = load_reg(x + t * k + i);
@@ -154,9 +154,10 @@ torch::Tensor small_linear(const torch::Tensor& x_in, const torch::Tensor& w_in,
   float* yp = o.yp();
   // --8<-- [start:parallel]
   // 小块的形状和要不要预取，按这次的输入行数定一次：
-  // - 不超过 kTileT 行：kTileR × kTileT 的小块，输入一遍算完。计算很轻，R 条长的顺序读硬件预取跟得上，不用软件预取；
-  // - 更多（AVX2 上 3~8 行）：换 prefill 的 kGemmR × kGemmT 小块，寄存器正好装满，每读一遍权重算 4 行。
-  //   每块算得久，要趁这时预取下一行，内存才不闲着（两条都是几种写法轮流测 1~8 行定的，见附录）
+  // - 不超过 kTileT 行：kTileR × kTileT 的小块，输入一遍算完；
+  // - 更多（AVX2 上 3~8 行，AVX-512 上 5~8 行）：换 prefill 的 kGemmR × kGemmT 小块，寄存器正好装满，每读一遍权重算 4 行；
+  // - 1 行计算很轻，R 条长的顺序读硬件预取跟得上，不用软件预取；2 行起每块要算一阵，趁这时预取后面的权重，内存才不闲着
+  //   （都是几种写法轮流测 1~8 行定的，见附录）
   const bool wide = n > kTileT;
   const int64_t rows = wide ? kGemmR : kTileR, blocks = (m + rows - 1) / rows;
   // 每个线程至少分到约 64 KB 权重：更小的矩阵开线程不划算
@@ -164,6 +165,7 @@ torch::Tensor small_linear(const torch::Tensor& x_in, const torch::Tensor& w_in,
   at::parallel_for(0, blocks, grain, [&](int64_t lo, int64_t hi) {
     const int64_t r0 = lo * rows, r1 = std::min(m, hi * rows);
     if (wide) rows_range<kGemmR, kGemmT, true>(xp, n, wp, k, m, yp, bp, r0, r1);
+    else if (n > 1) rows_range<kTileR, kTileT, true>(xp, n, wp, k, m, yp, bp, r0, r1);
     else rows_range<kTileR, kTileT, false>(xp, n, wp, k, m, yp, bp, r0, r1);
   });
   // --8<-- [end:parallel]
