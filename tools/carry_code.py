@@ -1,7 +1,8 @@
 """start chN --from DIR 的 Python 部分：把读者在 DIR 里写的函数体、自己加的定义搬进参考生成的桩文件。
 
-tools/workspace.py 决定每个文件从哪里来；这里只处理第 N 章改的 Python 文件（carry）：参考里和上一章一模一样的
-函数换成读者的函数体（源码原样，注释和写法都保留），读者自己加的顶层函数、类、常量、import 和方法接上去。
+tools/workspace.py 决定每个文件从哪里来；这里只处理第 N 章改的 Python 文件和给定的文件（carry）：参考里和
+上一章一模一样的函数换成读者的函数体（源码原样，注释和写法都保留），读者自己加的顶层函数、类、常量、import 和
+方法接上去。给定的文件里本章改了的函数用本书的新版本：读者也有这个函数时记下来，start 说出来。
 """
 
 from __future__ import annotations
@@ -88,8 +89,9 @@ def _indent(line: str) -> str:
 
 
 def carry(text: str, rel: str, stubbed: set[str], old: dict, ref_prev: dict[str, bytes], learner: Learner,
-           g: Grown) -> str:
-    """在桩文件 text 上：和参考上一章一样的函数换成读者的函数体，再加上读者自己加的定义。"""
+           g: Grown, given: bool = False) -> str:
+    """在桩文件 text 上：和参考上一章一样的函数换成读者的函数体，再加上读者自己加的定义。
+    given：text 是给定的文件（没有桩），它改了的函数读者也有时记进 g.replaced。"""
     lines = text.splitlines(keepends=True)
     tree = ast.parse(text)
     # (start, end, 新的行, 先后)：替换 lines[start:end]；同一处插入几段时，先后大的先插（所以落在后面）
@@ -97,6 +99,8 @@ def carry(text: str, rel: str, stubbed: set[str], old: dict, ref_prev: dict[str,
     used: set[str] = set()  # 带过来的代码用到的名字：决定带哪些 import
     for qual, node in functions(tree):
         same = [f for f, d in old.get(qual, {}).items() if d == dump(node)]
+        if given and not same and rel in old.get(qual, {}):
+            _replaced(rel, qual, old[qual][rel], learner, g)
         if qual in stubbed or not same or _region(lines, node) is None:
             continue
         hit = learner.find(rel, qual, same)
@@ -119,6 +123,15 @@ def carry(text: str, rel: str, stubbed: set[str], old: dict, ref_prev: dict[str,
     for start, end, new, _ in sorted(edits, key=lambda e: (e[0], e[1], e[3]), reverse=True):
         lines[start:end] = new
     return "".join(lines)
+
+
+def _replaced(rel: str, qual: str, before: str, learner: Learner, g: Grown) -> None:
+    """给定的文件改了 qual（本书上一章的函数体是 before）：读者有这个函数时，它被本书的新版本换掉了。"""
+    hit = learner.find(rel, qual, [])
+    if hit is not None:
+        g.replaced.append(f"{rel}:{qual}")
+        if dump(hit[1]) != before:
+            g.lost.append(f"{rel}:{qual}")
 
 
 def _free_names(node, local: set[str] | None = None) -> set[str]:

@@ -43,12 +43,35 @@ def _write(dest: Path, kind: str, data: dict) -> Path:
     return path
 
 
-def _read(dest: Path, kind: str) -> dict | None:
-    """记录加一个 stale 字段：记录之后代码改过没有。没有记录时 None。"""
+def _broken(data: object, kind: str) -> str | None:
+    """记录的形状不对时的一句原因（别的版本写的、手改过的）：读它的地方都按这些字段取值。"""
+    if not isinstance(data, dict):
+        return f"不是一个 JSON 对象，而是 {type(data).__name__}"
+    want = {"chapter": int, "when": (int, float), **({"selection": str, "results": dict} if kind == "check" else {})}
+    bad = [k for k, t in want.items() if not isinstance(data.get(k), t) or isinstance(data.get(k), bool)]
+    if kind == "check" and "results" not in bad and not all(isinstance(r, dict) and isinstance(
+            r.get("outcome"), str) and isinstance(r.get("reason"), str) for r in data["results"].values()):
+        bad.append("results")
+    if kind == "start" and not isinstance(data.get("from"), (str, type(None))):
+        bad.append("from")
+    return f"字段 {'、'.join(bad)} 缺了或者类型不对" if bad else None
+
+
+def _read(dest: Path, kind: str, unreadable: list[str] | None = None) -> dict | None:
+    """记录加一个 stale 字段：记录之后代码改过没有。没有记录时 None。
+    读不了的记录（写到一半、手改坏了）也当作没有：给了 unreadable 就往里记一行原因，不让读它的命令停下。"""
     path = _folder(dest) / f"{kind}.json"
     if not path.is_file():
         return None
-    data = json.loads(path.read_text(encoding="utf-8"))
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        why = _broken(data, kind)
+    except (OSError, ValueError) as e:  # JSONDecodeError、UnicodeDecodeError 都是 ValueError
+        why = f"不是有效的 JSON（{e}）" if isinstance(e, ValueError) else f"读不出来（{e}）"
+    if why is not None:
+        if unreadable is not None:
+            unreadable.append(f"{dest.name} 的 {kind} 记录读不了，当作没有：{path}：{why}")
+        return None
     data["stale"] = data.get("digest") != code_digest(dest)
     return data
 
@@ -59,8 +82,8 @@ def write_check(dest: Path, chapter: int, results: dict[str, dict], selection: s
     return _write(dest, "check", {"chapter": chapter, "selection": selection, "results": results})
 
 
-def read_check(dest: Path) -> dict | None:
-    return _read(dest, "check")
+def read_check(dest: Path, unreadable: list[str] | None = None) -> dict | None:
+    return _read(dest, "check", unreadable)
 
 
 def write_start(dest: Path, chapter: int, info: dict) -> Path:
@@ -68,8 +91,8 @@ def write_start(dest: Path, chapter: int, info: dict) -> Path:
     return _write(dest, "start", {"chapter": chapter, **info})
 
 
-def read_start(dest: Path) -> dict | None:
-    return _read(dest, "start")
+def read_start(dest: Path, unreadable: list[str] | None = None) -> dict | None:
+    return _read(dest, "start", unreadable)
 
 
 def task_summary(results: dict[str, dict], chapter: int) -> list[tuple[Task, int, int, int, str]]:
@@ -125,8 +148,9 @@ def progress_report(dirs: list[Path], shown=lambda p: str(p)) -> str:
         return "还没有 my_ch* 目录：从 python course.py start ch1 开始"
     chapters: dict[str, int | None] = {}
     rows = [["目录", "章", "任务", "各任务（通过/测试）", "起点", "备注"]]
+    unreadable: list[str] = []  # 读不了的记录：表照样列出来，表下每个一行
     for dest in dirs:
-        check, start = read_check(dest), read_start(dest)
+        check, start = read_check(dest, unreadable), read_start(dest, unreadable)
         ch = _chapter(dest, check, start)
         chapters[str(dest.resolve())] = ch
         tag = f"ch{ch}" if ch else "chN"
@@ -164,4 +188,5 @@ def progress_report(dirs: list[Path], shown=lambda p: str(p)) -> str:
                 origin += f"（它是第 {prev} 章，不是上一章）"
         rows.append([dest.name, str(ch if ch is not None else "?"), tasks, each, origin, "；".join(notes)])
     widths = [max(_cols(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c + " " * (w - _cols(c)) for c, w in zip(r, widths)).rstrip() for r in rows)
+    table = ["  ".join(c + " " * (w - _cols(c)) for c, w in zip(r, widths)).rstrip() for r in rows]
+    return "\n".join(table + [f"注意：{line}" for line in dict.fromkeys(unreadable)])

@@ -54,6 +54,19 @@ def _start_args(extra: list[str]) -> tuple[str, str | None, str | None, bool] | 
     return pos[0], pos[1] if len(pos) > 1 else None, src, force
 
 
+def inside_the_book(dest: Path, default: str) -> str | None:
+    """工作目录放进检查点、tests/、tools/、docs/ 里时的一行原因：那里的每个文件都算书的一部分
+    （之后每次 start 都会把检查点里的它当成书复制，测试和文档构建也会去读它）。"""
+    from tools.manifest import load_manifest
+
+    parts = [ROOT / c.name for c in load_manifest()] + [ROOT / d for d in ("tests", "tools", "docs")]
+    hit = next((p for p in parts if p in dest.parents), None)  # 它们本身已经存在，"已经存在"先拒绝了
+    if hit is None:
+        return None
+    return (f"{shown(dest)} 在本书的 {hit.name}/ 里面：工作目录放在那里就成了书的一部分"
+            f"（后面的 start 会把它当成书复制）；换一个书外面的目录，比如 {shown(ROOT / default)}")
+
+
 def _not_previous(mine: Path, prev) -> str | None:
     """--from 的目录当不了第 N-1 章时的一行原因。"""
     from tools.course_record import read_start
@@ -115,6 +128,15 @@ def _by_folder(files: list[str]) -> list[str]:
     return [f"    {folder}  {'、'.join(names)}" for folder, names in folders.items()]
 
 
+def _by_file(keys: list[str], mark: set[str]) -> list[str]:
+    """每个文件一行："minisgl/layers/norm.py  RMSNorm.__init__、RMSNorm.forward*"（mark 里的加 *）。"""
+    files: dict[str, list[str]] = {}
+    for key in keys:
+        rel, _, qual = key.partition(":")
+        files.setdefault(rel, []).append(qual + ("*" if key in mark else ""))
+    return [f"    {rel}  {'、'.join(quals)}" for rel, quals in files.items()]
+
+
 def _report(g, name: str, chapter: int) -> None:
     """grow_workspace 做了什么：哪些文件原样来自你的目录、带上了你的哪些函数、哪些用了本书的。"""
     print(f"  原样来自 {name} 的 {len(g.from_dir)} 个文件（第 {chapter} 章不改它们）：")
@@ -126,8 +148,13 @@ def _report(g, name: str, chapter: int) -> None:
     if g.missing:
         print(f"  {name} 里没有这些函数，用了本书的：{'、'.join(g.missing)}")
     if g.given:
-        print(f"  给定的文件（{len(g.given)} 个）来自本书：")
+        print(f"  给定的文件（{len(g.given)} 个）来自本书，第 {chapter} 章没改的函数仍是你的（算在上面带上的里）：")
         print("\n".join(_by_folder(g.given)))
+    if g.replaced:
+        lost = f"，标 * 的 {len(g.lost)} 个你的写法和本书不同、没有带过来" if g.lost else ""
+        print(f"  给定的文件在第 {chapter} 章改写了这 {len(g.replaced)} 个函数（本章的基础设施，不是要你写的），"
+              f"所以用了本书的新版本{lost}：")
+        print("\n".join(_by_file(g.replaced, set(g.lost))))
     for note in g.notes:
         print(f"  {note}")
 
@@ -159,6 +186,9 @@ def start(extra: list[str]) -> int:
     if dest.exists():
         print(f"错误：{dest} 已经存在：不覆盖，换个目录名，或者先把它移走")
         return 1
+    if why := inside_the_book(dest, f"my_{tag}"):
+        print(f"错误：{why}")
+        return 2
     if mine is not None and force:
         print(f"--force：没有检查 {mine.name}，直接从它长出 {dest.name}（没通过的地方会跟着带过来）", flush=True)
     elif mine is not None and not _check_previous(mine, prev):

@@ -3,7 +3,8 @@
 一条报错：id、任务号、情形（页面上那一行）、异常类型、消息必须含有的片段，可选地列出不许出现的片段。
 片段里的 {名字} 是测试自己的输入（路径、值）回显在报错里的部分：测试给出它的值，页面上写成清单 [echo] 表里的词。
 测试经 tests/harness/errors.py 的 expect_error / expect_exit 查报错；页面上的 {{ errors("ch3", 6) }}
-由 tools/mkdocs_hooks.py 换成这一章任务 6 的报错表。两边读的是同一份清单，所以页面和测试不会说两样话。
+由 tools/mkdocs_hooks.py 换成这一章任务 6 的报错表（原文件里占位符下面跟一行 source_note，构建时一起换掉）。
+两边读的是同一份清单，所以页面和测试不会说两样话。
 """
 
 from __future__ import annotations
@@ -121,6 +122,14 @@ def render_raises(c: Case) -> str:
 
 
 ECHO_NOTE = "表里的 {{…}} 不是照抄的字，是测试的输入在消息里的回显：比如 {{{example}}} 处写出测试给的那个值。"
+SOURCE_NOTE = "> 这里是一张报错表，只在构建好的书里显示"
+
+
+def source_note(folder: str, page: str) -> str:
+    """docs/chN.md 里每个 {{ errors(…) }} 下面紧跟的一行：在代码托管网站、编辑器里读原文件的人只看得到占位符，
+    这一行告诉他表在哪里。构建时它和占位符一起换成表（tools/mkdocs_hooks.py），书里不出现。"""
+    return (f"{SOURCE_NOTE}：在仓库根目录运行 `.venv/bin/mkdocs serve`，浏览器打开 http://127.0.0.1:8000/{page}/"
+            f" 就能看到（表由 `tests/{folder}/errors.toml` 生成）。")
 
 
 def render_table(folder: str, task: int | None = None) -> str:

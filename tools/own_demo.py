@@ -4,7 +4,7 @@
 
 先 import DIR 里的 minisgl，再运行脚本：脚本会把本书的检查点插到 sys.path 最前面，但包已经在 sys.modules 里，
 它的子模块都从 DIR/minisgl 里找，所以跑的是读者的引擎。读者的代码抛了异常：打印 traceback（它是读者要调的），
-最后一行说出错的函数属于哪一章的哪个任务。
+最后一行说出错的文件、行和它属于哪一章的哪个任务——运行时在函数里出错、import 时在模块顶层出错（含语法错误）都一样。
 """
 
 from __future__ import annotations
@@ -54,26 +54,54 @@ def _owners() -> dict:
     return owners
 
 
-def whose_task(dest: Path, tb) -> str | None:
-    """从最里层往外找 DIR 里的帧，第一个属于某个任务的函数；一个 DIR 里的帧都没有时 None。"""
+def _file_task(rel: str):
+    """模块顶层的一行属于谁：最后一次改了这个文件的那一章里，模式管着整个文件的那个任务（比如 engine.py:*）。"""
+    from tools.manifest import is_given, load_manifest, load_tasks, match
+
+    for ck in reversed(load_manifest()):
+        if rel in ck.changes and not is_given(ck.chapter, rel):
+            hits = match(load_tasks().get(ck.chapter, []), f"{rel}:", "symbols")
+            return hits[0] if len(hits) == 1 else None
+    return None
+
+
+def _how(dest: Path, t) -> str:
+    if t.chapter == 6:
+        return f"只测这个任务：python course.py check {dest.name} --as ch6 --task {t.number}"
+    return f"python course.py check {dest.name} --as ch6 的回归一份会测它"
+
+
+def whose_task(dest: Path, error: BaseException) -> str | None:
+    """从最里层往外找 DIR 里的帧：第一个属于某个任务的函数，或者不在函数里的那一行（import 时执行的模块顶层、
+    语法错误）——说出文件、行和任务；一个 DIR 里的帧都没有时 None。"""
     dest = dest.resolve()
-    inside = []
-    for frame, line in traceback.walk_tb(tb):
+    spots = []  # (相对路径, 行号, 限定名；不在函数里是 None, 是不是 import 时执行的模块顶层)，从外到里
+    for frame, line in traceback.walk_tb(error.__traceback__):
         path = Path(frame.f_code.co_filename).resolve()
         if dest in path.parents:
-            inside.append((path.relative_to(dest).as_posix(), line))
-    keys = [f"{rel}:{q}" for rel, line in reversed(inside) if (q := _qualname(dest / rel, line))]
-    if not keys:
+            rel, top = path.relative_to(dest).as_posix(), frame.f_code.co_name == "<module>"
+            spots.append((rel, line, None if top else _qualname(dest / rel, line), top))
+    bad = Path(error.filename).resolve() if isinstance(error, SyntaxError) and error.filename else None
+    syntax = bad is not None and dest in bad.parents
+    if syntax:  # 语法错误：文件根本没跑起来，没有它的帧
+        spots.append((bad.relative_to(dest).as_posix(), error.lineno or 0, None, True))
+    if not spots:
         return None
+    spots.reverse()
     owners = _owners()
-    for key in keys:
-        if key in owners:
-            t = owners[key]
-            via = "" if key == keys[0] else f"（异常抛在 {keys[0]}，从这里调用）"
-            how = (f"只测这个任务：python course.py check {dest.name} --as ch6 --task {t.number}" if t.chapter == 6
-                   else f"python course.py check {dest.name} --as ch6 的回归一份会测它")
-            return f"出错的是你的 {key}{via}，属于{t.label}（{t.title}）。{how}"
-    return f"出错的是 {keys[0]}：它不属于任何任务的桩（是你自己加的函数吗？）"
+    first = spots[0]
+    raised = f"{first[0]}:{first[2]}" if first[2] else f"{first[0]} 第 {first[1]} 行"
+    for rel, line, q, top in spots:
+        via = "" if (rel, line) == first[:2] else f"（异常抛在 {raised}，从这里调用）"
+        if q is None:
+            t = _file_task(rel)
+            what = ("有语法错误" if syntax else "import 它的时候就出错了") if top else "这一行不在任何函数里"
+            owner = f"，属于{t.label}（{t.title}）。{_how(dest, t)}" if t else "：它不属于任何任务"
+            return f"出错的是你的 {rel} 第 {line} 行：{what}{via}{owner}"
+        if f"{rel}:{q}" in owners:
+            t = owners[f"{rel}:{q}"]
+            return f"出错的是你的 {rel}:{q}（第 {line} 行）{via}，属于{t.label}（{t.title}）。{_how(dest, t)}"
+    return f"出错的是 {raised}：它不属于任何任务的桩（是你自己加的函数吗？）"
 
 
 def main(argv: list[str]) -> int:
@@ -91,7 +119,7 @@ def main(argv: list[str]) -> int:
         while tb is not None and Path(tb.tb_frame.f_code.co_filename).resolve() != SCRIPT:
             tb = tb.tb_next  # 从脚本开始打印：runpy 和这里的帧与读者无关
         traceback.print_exception(type(e), e, tb or e.__traceback__)
-        line = whose_task(dest, e.__traceback__)
+        line = whose_task(dest, e)
         print(line or "出错的地方不在你的目录里：看上面 traceback 的最后几行", file=sys.stderr, flush=True)
         return 1
     return 0

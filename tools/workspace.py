@@ -3,9 +3,11 @@
 桩本身怎么生成（哪些函数、函数体换成什么）在 tools/stubs.py；这里只管目录：从哪里复制、写到哪里。
 start chN --from DIR 让工作目录从读者自己的上一章长出来（grow_workspace）：
 
-- 第 N 章不改的文件：来自 DIR，逐字节；给定的文件（tests/tasks.toml 的 given）来自本书；
+- 第 N 章不改的文件：来自 DIR，逐字节；
 - 第 N 章改的文件：照常从参考生成桩；参考里和上一章一模一样的函数，换成读者自己在 DIR 里写的函数体
-  （按限定名找）；读者自己加的顶层函数、类、常量、import 和方法也带上，免得带过来的函数找不到它们。
+  （按限定名找）；读者自己加的顶层函数、类、常量、import 和方法也带上，免得带过来的函数找不到它们；
+- 给定的文件（tests/tasks.toml 的 given）：本书的文件、没有桩，其余同上——本章没改的函数仍是读者的，
+  本章改了的函数用本书的新版本，记在 replaced 里，start 逐个说出来。
 """
 
 from __future__ import annotations
@@ -54,7 +56,9 @@ class Grown:
     missing: list[str] = field(default_factory=list)  # 读者的目录里没有，用了本书的函数体
     added: list[str] = field(default_factory=list)  # 读者自己加的顶层定义、import、方法
     from_dir: list[str] = field(default_factory=list)  # 整份来自读者目录的文件
-    given: list[str] = field(default_factory=list)  # 给定的文件（来自本书）
+    given: list[str] = field(default_factory=list)  # 给定的文件（本书的文件，本章没改的函数带上读者的）
+    replaced: list[str] = field(default_factory=list)  # 给定的文件改了的函数：读者有，用了本书的新版本
+    lost: list[str] = field(default_factory=list)  # replaced 里读者的写法和本书上一章不同的
     notes: list[str] = field(default_factory=list)  # 别的要说的：解析不了的文件、同名冲突、缺的文件
 
 
@@ -81,23 +85,19 @@ def grow_workspace(ck: Checkpoint, dest: Path, mine: Path) -> Grown:
         if rel not in theirs and rel not in changed and not is_given(ck.chapter, rel):
             put(rel, data)
             g.notes.append(f"{mine.name} 里没有 {rel}：用了本书的")
-    for rel, data in checkpoint_files(ck.path).items():
-        if is_given(ck.chapter, rel) and rel not in changed:
-            put(rel, data)
-            g.given.append(rel)
     learner = Learner(mine, theirs, g.notes)
     old = bodies(ref_prev)
-    for rel in changes(ck):
+    given = [rel for rel in checkpoint_files(ck.path) if is_given(ck.chapter, rel)]
+    for rel in sorted(set(changes(ck)) | set(given)):
         src = ck.path / rel
-        if not src.exists():
+        if not src.exists():  # 本章删掉的文件
             continue
-        if not rel.endswith(".py") or is_given(ck.chapter, rel):
+        g.given += [rel] if rel in given else []
+        if not rel.endswith(".py"):
             put(rel, src.read_bytes())
-            g.given += [rel] if is_given(ck.chapter, rel) else []
             continue
-        stubs = [s for s in g.stubs if s.file == rel]
+        stubs = [s for s in g.stubs if s.file == rel]  # 给定的文件没有桩
         text = stub_source(src.read_text(encoding="utf-8"), stubs, mine.name)
-        text = carry(text, rel, {s.qualname for s in stubs}, old, ref_prev, learner, g)
-        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-        (dest / rel).write_text(text, encoding="utf-8")
+        text = carry(text, rel, {s.qualname for s in stubs}, old, ref_prev, learner, g, given=rel in given)
+        put(rel, text.encode("utf-8"))
     return g

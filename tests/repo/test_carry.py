@@ -90,3 +90,26 @@ def test_a_helper_named_like_a_new_book_function_is_not_carried(tmp_path):
     g = grow_workspace(CK[3], tmp_path / "my_ch3", src)
     assert any("torch_dtype" in n and "同名" in n for n in g.notes), g.notes
     assert "return x" not in source_of(tmp_path / "my_ch3/minisgl/utils.py", "torch_dtype")  # 第 3 章的桩
+
+
+def test_a_given_file_keeps_the_learners_functions_it_does_not_change(tmp_path):
+    """第 6 章的 models/utils.py 是给定的文件：它没改的 RopeAttn.__init__ 是读者写的那份；它改了的 GatedMLP.forward
+    用本书的新版本，记在 replaced 里（读者的写法和本书不同，也记在 lost 里）；文件其余部分是本书的。"""
+    src, rel = mine(5, tmp_path), "minisgl/models/utils.py"
+    text = (src / rel).read_text(encoding="utf-8")
+    mine_init = source_of(src / rel, "RopeAttn.__init__").replace(
+        "self.o_proj = ", "# 我自己的写法\n        o_proj = ").rstrip() + "\n        self.o_proj = o_proj"
+    mine_forward = source_of(src / rel, "GatedMLP.forward").replace("return ", "y = ") + "\n        return y"
+    text = text.replace(source_of(src / rel, "RopeAttn.__init__"), mine_init)
+    (src / rel).write_text(text.replace(source_of(src / rel, "GatedMLP.forward"), mine_forward), encoding="utf-8")
+    g = grow_workspace(CK[6], tmp_path / "my_ch6", src)
+    out = tmp_path / "my_ch6" / rel
+    assert source_of(out, "RopeAttn.__init__") == mine_init, source_of(out, "RopeAttn.__init__")
+    assert f"{rel}:RopeAttn.__init__" in g.carried and f"{rel}:RopeAttn.__init__" in g.rewritten, g.carried
+    book = CK[6].path / rel
+    for qual in ("GatedMLP.forward", "GatedMLP.__init__", "GatedMLP.load_state_dict"):
+        assert source_of(out, qual) == source_of(book, qual), qual
+    assert {f"{rel}:GatedMLP.forward", f"{rel}:GatedMLP.__init__"} <= set(g.replaced), g.replaced
+    assert g.lost == [f"{rel}:GatedMLP.forward"] and rel in g.given, (g.lost, g.given)
+    restored = out.read_text(encoding="utf-8").replace(mine_init, source_of(CK[5].path / rel, "RopeAttn.__init__"))
+    assert restored == book.read_text(encoding="utf-8")  # 除了读者的那个函数，和本书的给定文件逐字节相同

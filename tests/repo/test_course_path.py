@@ -3,7 +3,8 @@
 一个脚本化的读者（模块级 fixture，整个文件只走一遍）：start ch1，按 AST 把每个桩换成参考检查点的函数体；
 再对 N = 2..6 start chN --from my_ch(N-1)（先真的检查上一章），同样填桩；最后 demo my_ch6。
 my_ch2 的 div_even 换成读者自己的等价写法（一条注释、一个局部变量、一个自己加的小函数和一条 import），
-它要原样到达 my_ch6，my_ch3~5 的检查和 my_ch6 的里程碑照样通过。
+它要原样到达 my_ch6，my_ch3~5 的检查和 my_ch6 的里程碑照样通过。my_ch3 的 RopeAttn.__init__ 也换成等价写法：
+第 6 章的 models/utils.py 是给定的文件，但它没改这个函数，所以读者的写法同样到达 my_ch6。
 
 子进程都用 OMP_NUM_THREADS=1。demo 用 MINISGL_KERNEL=off：给定的 C++ 核换一个目录就要重编一两分钟，
 它归第 6 章自己的测试管。埋了错的 my_ch3 的检查和主线并行跑，省下一次检查的等待。
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import os
+import runpy
 import shutil
 import subprocess
 import sys
@@ -87,6 +89,22 @@ def make_it_mine(ws: Path) -> None:
     path.write_text(text, encoding="utf-8")
 
 
+ROPE = "minisgl/models/utils.py"
+
+
+def make_rope_attn_mine(ws: Path) -> None:
+    """读者自己的等价写法：RopeAttn.__init__ 的两个 qk norm 一行建好（第 6 章给定的 models/utils.py 没改这个函数）。"""
+    old = ("        self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if has_qk_norm else None\n"
+           "        self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if has_qk_norm else None\n")
+    plant(ws, ROPE, old, "        # 我自己的写法：两个 norm 一起决定\n"
+                         "        head, eps = config.head_dim, config.rms_norm_eps\n"
+                         "        self.q_norm, self.k_norm = (RMSNorm(head, eps), RMSNorm(head, eps)) if has_qk_norm "
+                         "else (None, None)\n")
+
+
+IMPORT_BOOM = "_PAGE_BYTES = int(\"4k\")  # 我加的常量：写错了，import engine.py 时就抛 ValueError\n"
+
+
 def segment(ws: Path, rel: str, qual: str) -> str:
     text = (ws / rel).read_text(encoding="utf-8")
     return ast.get_source_segment(text, dict(functions(ast.parse(text)))[qual])
@@ -118,6 +136,7 @@ def path(tmp_path_factory, tiny_models):
         if n == 3:
             make_it_mine(base / "my_ch2")
         if n == 4:  # 埋了错的 my_ch3：它的检查和主线的 start ch4 同时跑
+            make_rope_attn_mine(base / "my_ch3")
             bug = copy(base / "my_ch3", base / "bug" / "my_ch3")
             plant(bug, "minisgl/models/config.py", "rms_norm_eps=config.rms_norm_eps,", "rms_norm_eps=1e-6,")
             background["refused"] = _course(env, "start", "ch4", str(bug.parent / "my_ch4"), "--from", str(bug),
@@ -127,8 +146,12 @@ def path(tmp_path_factory, tiny_models):
         p.filled[n] = fill(base / f"my_ch{n}", n)
     boom = copy(base / "my_ch6", base / "boom" / "my_ch6")
     plant(boom, "minisgl/utils.py", "return (a + b - 1) // b", "return (a + b - 1) // (b - b)")
+    at_import = copy(base / "my_ch6", base / "import_boom" / "my_ch6")  # engine.py 在 import 时就抛异常
+    plant(at_import, "minisgl/engine/engine.py", "from .sample import BatchSamplingArgs, Sampler\n",
+          "from .sample import BatchSamplingArgs, Sampler\n\n" + IMPORT_BOOM)
     background["demo"] = _course(env, "demo", str(base / "my_ch6"), "--model", p.model, popen=True)
     background["boom"] = _course(env, "demo", str(boom), "--model", p.model, popen=True)
+    background["import_boom"] = _course(env, "demo", str(at_import), "--model", p.model, popen=True)
     p.runs.update(collect(background, timeout=TIMEOUT))
     return p
 
@@ -141,8 +164,9 @@ def test_the_scripted_learner_goes_the_whole_path(path):
             out = path.runs[n].stdout
             assert f"my_ch{n - 1} 通过了第 {n - 1} 章" in out and f"第 {n} 章的 {path.filled[n]} 个桩" in out, out
         mine, ref = checkpoint_files(path.base / f"my_ch{n}"), checkpoint_files(CK[n].path)
-        mine.pop("minisgl/utils.py", None) if n >= 2 else None
-        ref.pop("minisgl/utils.py", None) if n >= 2 else None
+        for rel in ["minisgl/utils.py"] * (n >= 2) + [ROPE] * (n >= 3):  # 读者自己的写法
+            mine.pop(rel, None)
+            ref.pop(rel, None)
         assert mine.keys() == ref.keys(), f"my_ch{n}：文件和本书不同：{sorted(mine.keys() ^ ref.keys())}"
         diff = [rel for rel in ref if mine[rel] != ref[rel]]
         assert not diff, f"my_ch{n} 填完桩之后和本书不同的文件：{diff}"
@@ -171,6 +195,23 @@ def test_the_learners_own_code_reaches_my_ch6(path):
     assert f"{rel}:_whole_parts" in added and "import operator" in added, out
     for n in range(4, 7):  # my_ch3~5 带着它通过了各自的检查；my_ch6 的里程碑见上一个测试
         assert f"my_ch{n - 1} 通过了第 {n - 1} 章" in path.runs[n].stdout
+
+
+def test_the_learners_function_in_a_given_file_reaches_my_ch6(path):
+    """my_ch3 里自己写的 RopeAttn.__init__ 原样到达 my_ch6：第 6 章给定的 models/utils.py 没改它。start ch6 说出
+    给定的文件改了哪些函数、用了本书的（GatedMLP.forward 换成了选 C++ 核的版本），my_ch6 的里程碑照样通过。"""
+    mine = segment(path.base / "my_ch3", ROPE, "RopeAttn.__init__")
+    assert "# 我自己的写法" in mine
+    for n in range(4, 7):
+        assert segment(path.base / f"my_ch{n}", ROPE, "RopeAttn.__init__") == mine, f"my_ch{n} 的 RopeAttn.__init__"
+    assert segment(path.base / "my_ch6", ROPE, "GatedMLP.forward") == segment(CK[6].path, ROPE, "GatedMLP.forward")
+    out = path.runs[6].stdout.splitlines()
+    carried = next(line for line in out if "带上了你的" in line)
+    assert f"{ROPE}:RopeAttn.__init__" in carried.split("写法不同")[-1], carried
+    i = next(i for i, line in enumerate(out) if "改写了这" in line)
+    assert "给定的文件" in out[i] and "用了本书的新版本" in out[i], out[i]
+    listed = {line.split()[0]: line.split()[1] for line in out[i + 1:] if line.startswith("    ")}
+    assert "GatedMLP.forward" in listed.get(ROPE, "").split("、") and "RopeAttn" not in listed[ROPE], out[i:]
 
 
 def test_a_broken_previous_chapter_is_refused(path, monkeypatch):
@@ -203,6 +244,47 @@ def test_demo_names_the_task_of_the_failing_code(path):
     owner = [s.task for c in CK.values() for s in find_stubs(c) if s.key == key][-1]  # 最后把它做成桩的那一章
     last = res.stderr.strip().splitlines()[-1]
     assert key in last and owner.label in last, last
+
+
+def test_demo_names_file_line_and_task_of_an_import_error(path):
+    """my_ch6 的 engine.py 在 import 时就抛异常（模块顶层的一行）：最后一行说出读者的文件、行和任务，
+    不说"不在你的目录里"。"""
+    from tools.manifest import match
+
+    res = path.runs["import_boom"]
+    assert res.returncode != 0, res.stdout[-2000:]
+    assert "ValueError" in res.stderr, res.stderr[-3000:]
+    rel = "minisgl/engine/engine.py"
+    text = (path.base / "import_boom" / "my_ch6" / rel).read_text(encoding="utf-8")
+    line = text.splitlines().index(IMPORT_BOOM.rstrip("\n")) + 1
+    task = match(load_tasks()[6], f"{rel}:", "symbols")[0]  # 管着整个 engine.py 的那个任务
+    last = res.stderr.strip().splitlines()[-1]
+    assert f"{rel} 第 {line} 行" in last and task.label in last and "import" in last, last
+    assert "不在你的目录里" not in res.stderr
+
+
+@pytest.mark.parametrize("kind", ["syntax", "top_level", "helper_at_import"])
+def test_whose_task_names_errors_raised_while_importing(kind, tmp_path):
+    """import 时出的错（语法错误、模块顶层的一行、顶层调用的自己的函数）：一行说出文件、行和管这个文件的任务。"""
+    from tools.manifest import match
+    from tools.own_demo import whose_task
+
+    rel = "minisgl/scheduler/table.py"
+    path = tmp_path / "my_ch6" / rel
+    path.parent.mkdir(parents=True)
+    source = {"syntax": "x = 1\ndef broken(:\n    pass\n",
+              "top_level": "x = 1\ny = int('4k')\n",
+              "helper_at_import": "def _mine():\n    return int('4k')\n\n\ny = _mine()\n"}[kind]
+    path.write_text(source, encoding="utf-8")
+    try:
+        runpy.run_path(str(path))
+    except (SyntaxError, ValueError) as e:
+        said = whose_task(tmp_path / "my_ch6", e)
+    task = match(load_tasks()[6], f"{rel}:", "symbols")[0]
+    line = {"syntax": 2, "top_level": 2, "helper_at_import": 5}[kind]
+    assert said and f"你的 {rel} 第 {line} 行" in said and task.label in said, said
+    assert ("语法错误" in said) == (kind == "syntax"), said
+    assert ("_mine" in said) == (kind == "helper_at_import"), said  # 异常抛在哪里也说
 
 
 def test_progress_reads_the_records(path):
@@ -290,6 +372,49 @@ def test_every_course_command_in_the_book_parses():
             parsed = _start_args(argv[1:])
             assert not isinstance(parsed, str), (page, cmd, parsed)
             find_checkpoint(parsed[0])
+
+
+@pytest.mark.parametrize("broken", ["truncated", "not_an_object", "missing_field"])
+def test_progress_reports_an_unreadable_record_in_one_line(broken, tmp_path, monkeypatch):
+    """.cache/course/ 里一份坏了的记录：progress 照样列出整张表，这份记录当作没有，表下一行说它读不了。"""
+    from tools.course_record import write_check, write_start
+
+    monkeypatch.setenv("MINISGL_COURSE_RECORDS", str(tmp_path / "records"))
+    good, bad = tmp_path / "my_ch1", tmp_path / "my_ch2"
+    for d in (good, bad):
+        d.mkdir()
+        (d / "x.py").write_text("x = 1\n")
+    write_start(good, 1, {"from": None, "forced": False})
+    write_start(bad, 2, {"from": str(good), "forced": False})
+    record = write_check(bad, 2, {"tests/ch2/test_ops.py::test_task1_x": {"outcome": "passed", "reason": ""}}, "all")
+    record.write_text({"truncated": record.read_text(encoding="utf-8")[:40], "not_an_object": "[1, 2]",
+                       "missing_field": '{"chapter": 2, "when": 1.0, "selection": "all"}'}[broken], encoding="utf-8")
+    res = _course(dict(os.environ), "progress", str(good), str(bad))
+    assert res.returncode == 0 and "Traceback" not in res.stdout + res.stderr, res.stdout + res.stderr[-3000:]
+    lines = res.stdout.strip().splitlines()
+    rows = {line.split()[0]: line for line in lines[1:3]}
+    assert rows.keys() == {"my_ch1", "my_ch2"}, lines
+    assert "还没有 check 的记录" in rows["my_ch2"] and "--from my_ch1" in rows["my_ch2"], rows["my_ch2"]
+    said = [line for line in lines if "读不了" in line]
+    assert len(said) == 1 and "my_ch2" in said[0] and str(record) in said[0], lines
+
+
+@pytest.mark.parametrize("inside", ["ch3_model_loading/mine", "tests/my_ch4", "tools/sub/my_ch4", "docs/my_ch4"])
+def test_start_refuses_a_folder_inside_the_book(inside, tmp_path):
+    """start ch4 放进检查点、tests/、tools/、docs/：一行 错误：…，什么都不建（建了就是书的一部分）。"""
+    target = ROOT / inside
+    new = next(p for p in [*reversed(target.parents), target] if not p.exists())  # 会被建出来的最外层
+    env = dict(os.environ, MINISGL_COURSE_RECORDS=str(tmp_path))
+    try:
+        res = subprocess.run([sys.executable, "course.py", "start", "ch4", inside], cwd=ROOT, env=env,
+                             capture_output=True, text=True, timeout=120, check=False)
+    finally:
+        made = new.exists()
+        shutil.rmtree(new, ignore_errors=True)
+    out = (res.stdout + res.stderr).strip().splitlines()
+    assert res.returncode != 0 and not made, f"{inside}：建出来了\n{res.stdout[-2000:]}"
+    assert len(out) == 1 and out[0].startswith("错误：") and inside.split("/")[0] in out[0], out[-3:]
+    assert not list(tmp_path.iterdir()), "用错了还写了记录"
 
 
 def test_progress_says_what_a_record_does_not_cover(tmp_path, monkeypatch):

@@ -304,3 +304,36 @@ def test_every_page_is_in_the_nav():
 def test_milestone_keeps_the_measured_section():
     """CPU 上的实测一节放 tools/bench 写出的表格，不手写数字。"""
     assert "CPU 上的实测" in _headings((DOCS / "milestone.md").read_text(encoding="utf-8"))
+
+
+def _ch3_task(number: int) -> str:
+    text = _section((DOCS / "ch3.md").read_text(encoding="utf-8"), "任务")
+    return re.search(rf"^### 任务 {number} · .*?(?=^### |\Z)", text, re.M | re.S).group(0)
+
+
+def _function(rel: str, name: str) -> ast.FunctionDef:
+    tree = ast.parse((ROOT / "ch3_model_loading" / rel).read_text(encoding="utf-8"))
+    return next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == name)
+
+
+def test_weight_docstring_and_the_page_agree_on_pending_groups():
+    """load_weight 的 pending 按合并后的名字放几组、读完全部文件才查空：分片的检查点里会同时有几组。
+    weight.py 的模块 docstring 和第 3 章页面（任务 7；自测题 3 的答案）都这么说，不说"一组"。"""
+    fn = _function("minisgl/models/weight.py", "load_weight")
+    keyed = [n for n in ast.walk(fn) if isinstance(n, ast.Call) and ast.unparse(n.func) == "pending.setdefault"]
+    assert keyed and ast.unparse(keyed[0].args[0]) == "name", "pending 不再按名字放几组：改 docstring 和页面"
+    doc = ast.get_docstring(ast.parse((ROOT / "ch3_model_loading/minisgl/models/weight.py").read_text("utf-8")))
+    page = (DOCS / "ch3.md").read_text(encoding="utf-8")
+    assert "同时有几组" in doc and "同时有几组" in _ch3_task(7), doc
+    assert "好几组" in _section(page, "动手前先预测"), "自测题 3 的答案"
+
+
+def test_ch3_page_says_what_get_model_class_returns():
+    """名字说"类"、注解说 BaseLLMModel：代码 return 的是 类(model_config)，页面点名它的那句要说返回实例、不是类。"""
+    fn = _function("minisgl/models/register.py", "get_model_class")
+    returned = [n.value for n in ast.walk(fn) if isinstance(n, ast.Return)]
+    assert len(returned) == 1 and isinstance(returned[0], ast.Call) and ast.unparse(returned[0].args[0]) == \
+        "model_config", "get_model_class 不再返回实例：改第 3 章任务 2 的那句"
+    text = _ch3_task(2).replace("\n", "")
+    sentence = text[text.index("`get_model_class("):].split("。")[0]
+    assert "实例" in sentence and "不是类" in sentence, sentence

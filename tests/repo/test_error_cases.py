@@ -136,6 +136,24 @@ def test_every_case_is_rendered_on_its_page(folder):
         assert error_cases.render_table(folder, task).count("\n") >= 2  # 标记的任务真有报错：没有时 render_table 报错
 
 
+def test_a_chapter_page_read_raw_says_where_each_table_is():
+    """在代码托管网站、编辑器里读 docs/chN.md 的人只看得到 {{ errors(…) }}：紧跟的下一行说表在构建好的书里、
+    怎么打开（mkdocs serve、这一页的地址）。构建时那一行和占位符一起换成表，书里不出现。"""
+    from tools.mkdocs_hooks import render_errors
+
+    for page in sorted((ROOT / "docs").glob("ch*.md")):
+        lines = page.read_text(encoding="utf-8").splitlines()
+        marks = [(i, m) for i, line in enumerate(lines) if (m := MARKER.search(line))]
+        assert marks, f"{page.name} 没有报错表"
+        for i, m in marks:
+            note = error_cases.source_note(m.group(1), page.stem)
+            assert lines[i + 1:i + 2] == [note], f"{page.name}:{i + 2} 要是这一行：{note}"
+            assert "mkdocs serve" in note and f"/{page.stem}/" in note
+        rendered = render_errors("\n".join(lines))
+        assert not MARKER.search(rendered) and error_cases.SOURCE_NOTE not in rendered, page.name
+        assert rendered.count("| 情形 | 异常 | 消息里要有 |") == len(marks), page.name
+
+
 # ---------------------------------------------------------------- 自检：这些检查能失败
 
 def test_the_scan_catches_raises_and_fragments():

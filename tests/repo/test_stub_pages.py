@@ -3,6 +3,7 @@
 - tests/tasks.toml 没有兜底的符号模式 "*"：桩只来自任务点了名的文件和符号；
 - 给定的文件（tasks.toml 的 given）整份复制、一个桩也没有，页面的「任务」一节写着它们；
 - 每一章每个桩的名字都写在它那个任务的正文里，桩的任务号就是那个任务；页面写出的签名用的是桩的参数名；
+- 报错表里写成签名的桩归那一条报错的任务（比如第 3 章任务 2 的 create_model）；
 - 第 6 章每个有桩的任务：只把这一个任务写成桩、其余放参考文件，这个任务的第一个测试失败，原因写着这个任务。
 """
 
@@ -167,6 +168,28 @@ def test_page_signatures_use_the_stubs_parameter_names(ck):
     tables = "\n".join(c.when for c in error_cases.load(folder).values())
     bad = signature_mismatches(ck, _task_section(ck.chapter) + "\n" + tables)
     assert not bad, "页面「任务」一节写的签名和桩的参数名不一样：\n" + "\n".join(bad)
+
+
+def stubs_off_their_error_table(ck) -> list[str]:
+    """报错表（tests/chN/errors.toml 的"情形"）里写成签名的桩，归那一条报错的任务：页面在那个任务里教它、查它的测试
+    归那个任务（test_error_cases.py），check --task K 跑的就是它，桩的 NotImplementedError 也要写任务 K。"""
+    from tools import error_cases
+
+    folder = f"ch{ck.chapter}" if ck.chapter else "checkpoint"
+    out = []
+    for c in error_cases.load(folder).values():
+        for prefix, name, _ in page_signatures(c.when):
+            named = [s for s in stubs.find_stubs(ck) if _name(s.qualname) == name
+                     and (not prefix or s.qualname.split(".")[0] == prefix.split(".")[-1])]
+            out += [f"{s.key}：桩写的是任务 {s.task.number if s.task else '?'}，报错表 {c.id} 是任务 {c.task}"
+                    for s in named if s.task is None or s.task.number != c.task]
+    return out
+
+
+@pytest.mark.parametrize("ck", CHECKPOINTS, ids=lambda c: c.name)
+def test_a_stub_named_in_an_error_table_belongs_to_that_task(ck):
+    bad = stubs_off_their_error_table(ck)
+    assert not bad, "桩的任务号和页面上点名它的报错表不是同一个任务（tests/tasks.toml 的 symbols）：\n" + "\n".join(bad)
 
 
 def test_the_signature_check_catches_a_renamed_parameter():
