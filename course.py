@@ -16,6 +16,8 @@ python course.py test --no-real 只跑小模型一档。
     python course.py trace --page-size 4      # 一步一步看引擎的状态，写成 trace.html（--against ch4 找第一个不同）
 
 其余参数原样传下去，例如 python course.py test ch3 只测第 3 章的检查点。
+python course.py test --arch aarch64 [chN …] 在 qemu 模拟的 arm64 Debian 里跑小模型一档（要 root；tools/arch.py），
+不点名时只跑第 6 章里和架构有关的一组（C++ 核的算子、核开和关的逐 token 对齐）。
 """
 
 from __future__ import annotations
@@ -104,7 +106,12 @@ def progress(extra: list[str]) -> int:
 
 
 def test(extra: list[str]) -> int:
-    """默认带上真权重一档（python -m tools.run_tests --real 会先做模型）；--no-real 只跑小模型一档。"""
+    """默认带上真权重一档（python -m tools.run_tests --real 会先做模型）；--no-real 只跑小模型一档。
+    --arch aarch64 交给 tools/arch.py：在 qemu-user 模拟的 arm64 根文件系统里跑。"""
+    if any(a == "--arch" or a.startswith("--arch=") for a in extra):
+        from tools.arch import run_arch
+
+        return run_arch(extra)
     if "--no-real" in extra:
         extra = [a for a in extra if a != "--no-real"]
     elif "--real" not in extra:

@@ -1,0 +1,119 @@
+"""python course.py test --arch aarch64（tools/arch.py）在本机就能查的部分：用错了、这台机器跑不了时只说一行、退出码
+非 0、什么也不动；摘要和本机的一样，没跑成的不算通过。真在 qemu 里跑要几分钟、要 root，这里不跑（docs/testing.md）。"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tools import arch
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("argv,culprit", [(["--arch", "riscv64"], "riscv64"), (["--arch"], "--arch 只支持"),
+                                          (["--arch", "aarch64", "--real"], "--real"),
+                                          (["--arch=aarch64", "--no-docs"], "--no-docs"),
+                                          (["--arch", "aarch64", "ch9"], "'ch9'")])
+def test_misuse_is_one_error_line(argv, culprit):
+    """经由 course.py：命令行先查，查出错就停，不碰这台机器。"""
+    res = subprocess.run([sys.executable, "course.py", "test", *argv], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120, check=False)
+    out = (res.stdout + res.stderr).strip().splitlines()
+    assert res.returncode == 2 and "Traceback" not in res.stdout + res.stderr, res.stdout + res.stderr
+    assert len(out) == 1 and out[0].startswith("错误：") and culprit in out[0], out
+
+
+@pytest.fixture
+def host(monkeypatch, tmp_path):
+    """一台假的 x86 Linux：不许跑任何命令，缓存和 binfmt_misc 都在 tmp_path 里；返回改它的函数。"""
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"不该跑命令：{args}")
+
+    monkeypatch.setattr(arch.subprocess, "run", refuse)
+    monkeypatch.setattr(arch, "CACHE", tmp_path / "cache")
+    monkeypatch.setattr(arch, "BINFMT", tmp_path / "binfmt_misc")
+    monkeypatch.setattr(arch.platform, "system", lambda: "Linux")
+    monkeypatch.setattr(arch.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(arch.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(arch.shutil, "which", lambda exe: f"/usr/bin/{exe}")
+    return monkeypatch
+
+
+def _one_line(capsys, rc: int, *said: str) -> None:
+    """最后一行是 错误：…，说出 said；之前只能有做到一半的那一步的进度行（以"…"结尾）。"""
+    *steps, last = capsys.readouterr().out.strip().splitlines()
+    assert last.startswith("错误：") and all(s in last for s in said) and all(s.endswith("…") for s in steps), last
+    assert rc == 1
+
+
+def test_not_root_is_one_line(host, capsys, tmp_path):
+    host.setattr(arch.os, "geteuid", lambda: 1000)
+    _one_line(capsys, arch.run_arch(["--arch", "aarch64"]), "要 root", "sudo")
+    assert not (tmp_path / "cache").exists()
+
+
+def test_no_qemu_and_no_apt_get_is_one_line(host, capsys):
+    host.setattr(arch.shutil, "which", lambda exe: None)
+    _one_line(capsys, arch.run_arch(["--arch", "aarch64"]), "qemu-user-static", "mmdebstrap", "apt-get")
+
+
+@pytest.mark.parametrize("entry", [None, "disabled\nflags: F\n", "enabled\ninterpreter /usr/bin/qemu\nflags: P\n"])
+def test_qemu_not_usable_from_a_chroot_is_one_line(host, capsys, tmp_path, entry):
+    """binfmt_misc 挂着、命令都在，qemu-aarch64 却没登记、没启用或没有 F 标志（chroot 里找不到解释器）：不去建根。
+    没登记时要登记一次：这里换成一个失败的命令，原因是它输出的最后一行。"""
+    (tmp_path / "binfmt_misc").mkdir()
+    (tmp_path / "binfmt_misc" / "register").write_text("")
+    if entry is not None:
+        (tmp_path / "binfmt_misc" / "qemu-aarch64").write_text(entry)
+    host.setattr(arch, "_run", lambda cmd, **kw: (2, "update-binfmts: warning: qemu-aarch64 not in database"))
+    said = "F 标志" if entry and entry.startswith("enabled") else "not in database"
+    _one_line(capsys, arch.run_arch(["--arch", "aarch64"]), said)
+    assert not (tmp_path / "cache").exists()
+
+
+def test_on_an_aarch64_machine_it_says_run_natively(host, capsys):
+    host.setattr(arch.platform, "machine", lambda: "aarch64")
+    _one_line(capsys, arch.run_arch(["--arch", "aarch64"]), "本身就是 aarch64", "--no-real")
+
+
+def test_a_run_that_did_not_happen_is_a_failure(host, capsys):
+    """根里的 pytest 没跑起来（比如 chroot 报 Exec format error）：摘要是 0 passed, 1 failed，退出码 1，不算通过。
+    摘要和 tools.run_tests 的一样，最后一行是 pytest 式的计数。"""
+    for name in ("prepare_host", "ensure_root"):
+        host.setattr(arch, name, lambda *a: Path("/nonexistent"))
+    host.setattr(arch, "sync_src", lambda root: 3)
+    fake = "import sys; print('chroot: failed to run command: Exec format error'); sys.exit(126)"
+    host.setattr(arch, "jobs", lambda root, a, names: [("aarch64 · 假的", [sys.executable, "-c", fake], {})])
+    assert arch.run_arch(["--arch", "aarch64"]) == 1
+    out = capsys.readouterr().out.strip().splitlines()
+    assert "0 passed, 1 failed" in out and any(line.startswith("失败  aarch64 · 假的") for line in out), out
+    assert out[-1].startswith("0 passed, 1 failed"), out
+
+
+def test_default_is_the_named_kernel_and_parity_subset():
+    """不点名时只跑这一组，摘要的名字说明它不是整章；它含每个小算子对退路、核开和关的逐 token 对齐。"""
+    (name, cmd, _), = arch.jobs(Path("/r"), "aarch64", [])
+    assert "不是第 6 章的全部测试" in name and cmd[-2:] == ["--checkpoint", "ch6"]
+    assert all((ROOT / t).is_file() and t in cmd for t in arch.SUBSET)
+    kernel = (ROOT / "tests/ch6/test_kernel.py").read_text(encoding="utf-8")
+    assert "def test_engine_matches_hf_on_both_paths" in kernel and '["kernel", "F.linear"]' in kernel
+    (_, cmd, _), = arch.jobs(Path("/r"), "aarch64", ["ch6_engine_sampler"])
+    assert cmd[-3:] == ["tests", "--checkpoint", "ch6_engine_sampler"]
+
+
+def test_host_sys_is_never_mounted_into_the_root():
+    """aarch64 的 torch 读到本机（x86）的 /sys 会在 import 时崩：只挂一个 tmpfs。"""
+    script = arch.in_root(Path("/r"), ["true"])[6]
+    assert not any(f"{how} /sys" in script for how in ("--bind", "--rbind", "-t sysfs")), script
+    assert 'mount -t tmpfs sys "$R/sys"' in script
+
+
+def test_the_root_gets_the_pinned_versions():
+    """根里装的版本就是 requirements.txt 钉的：测试对齐的参考输出取决于版本。"""
+    reqs = (ROOT / "requirements.txt").read_text(encoding="utf-8")
+    pins = arch._pins()
+    assert len(pins) == len(arch.WHEELS) and all(f"\n{p}" in f"\n{reqs}" for p in pins)
