@@ -63,12 +63,12 @@ def load_jit(name: str, sources: Sequence[str]) -> ModuleType:
     from torch.utils.cpp_extension import get_default_build_root
 
     paths = [CSRC / s for s in sources]
-    if why := compiler_problem():
-        raise RuntimeError(why)
     name = f"{name}_{cache_key(paths)}"
     build_dir = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()) / name
     library = build_dir / f"{name}.so"
-    if not library.is_file():
+    if not library.is_file():  # 缓存里有就直接加载：没有编译器的机器也能用别处编好的库
+        if why := compiler_problem():
+            raise RuntimeError(why)
         env = dict(os.environ)
         if importlib.util.find_spec("ninja") is not None:  # 没装就靠系统的 ninja
             import ninja
