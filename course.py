@@ -17,7 +17,7 @@ python course.py test --no-real 只跑小模型一档。
 
 其余参数原样传下去，例如 python course.py test ch3 只测第 3 章的检查点。
 python course.py test --arch aarch64 [chN …] 在 qemu 模拟的 arm64 Debian 里跑小模型一档（要 root；tools/arch.py），
-不点名时只跑第 6 章里和架构有关的一组（C++ 核的算子、核开和关的逐 token 对齐）。
+不点名时跑第 6 章（C++ 核只在这一章）。
 """
 
 from __future__ import annotations

@@ -1,19 +1,20 @@
 """在别的 CPU 架构上真的跑测试：python course.py test --arch aarch64 [chN …]（x86 的 Linux，用 qemu-user 模拟）。
 
-第 6 章的 C++ 核有一段 `#if defined(__aarch64__)`（NEON 的小块、寄存器约束），x86 上从来编不到它。这里建一个 arm64 的
-Debian bookworm 根文件系统（mmdebstrap：python3、python3-dev、g++），在里面建 venv，装 PyPI 的 aarch64 wheel
-（requirements.txt 钉的版本，只装测试要的几个；aarch64 的 torch 带着 CUDA 的库，连同依赖约 3 GB），缓存在
-.cache/arch/aarch64/（约 5 GB），之后直接用，版本一变就重建。每次把工作区（git 跟踪的和没被忽略的文件）拷进根里的
-/src，在私有的 mount 命名空间里 chroot 进去跑 pytest：根里的程序由 binfmt_misc 交给 qemu-aarch64 执行，C++ 核由根里的
-g++ 按 utils.py 的选项现编。-mcpu=native 在模拟器里也编得过：qemu-user 的 /proc/cpuinfo 是本机（x86）的，gcc 认不出
-ARM 的型号，退回通用的 armv8-a（NEON，128 位），正是 `__aarch64__` 那段代码的基线。
-不挂本机的 /sys（aarch64 的 torch 读到 x86 的 /sys 会在 import 时崩），只给一个 tmpfs，两个文件写明有几个 CPU（torch 的
-cpuinfo 库没有它们就初始化失败，fp16 的转换随之报错）。默认只跑第 6 章里和架构有关的一组（模拟器里编核要几分钟，整章
-更久）；点名的检查点跑它的全部小模型一档。要 root；缺的工具用 apt-get 装。跑不了时说一行原因、退出码非 0，不假装跑过。
+第 6 章的 C++ 核有一段 `#if defined(__aarch64__)`，x86 上从来编不到它。这里用 mmdebstrap 建一个 arm64 的 Debian bookworm
+根文件系统（python3、python3-dev、g++），建 venv，装 PyPI 的 aarch64 wheel（requirements.txt 钉的版本，只装测试要的；
+aarch64 的 torch 带着 CUDA 的库，约 3 GB），缓存在 .cache/arch/aarch64/（约 5 GB），版本一变就重建。每次把工作区（git
+跟踪的和没被忽略的文件）拷进根里的 /src，在私有的 mount 命名空间里 chroot 进去跑 pytest：程序由 binfmt_misc 交给
+qemu-aarch64 执行，C++ 核由根里的 g++ 按 utils.py 的选项现编。-mcpu=native 也编得过：qemu-user 的 /proc/cpuinfo 是本机
+（x86）的，gcc 认不出型号，退回通用的 armv8-a（NEON，128 位），正是那段代码的基线。不挂本机的 /sys（aarch64 的 torch
+读到 x86 的 /sys 会在 import 时崩），只给一个 tmpfs，写明有几个 CPU（torch 的 cpuinfo 库没有它就初始化失败，fp16 随之
+报错）。跑点名的检查点（默认第 6 章）的全部小模型一档。要 root；缺的工具用 apt-get 装。
+跑不了时说一行原因、退出码非 0，不假装跑过。
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -23,6 +24,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from tools import run_tests
@@ -36,21 +38,17 @@ WHEELS = ("torch", "transformers", "tokenizers", "safetensors", "huggingface_hub
           "ninja")  # 测试要的；mkdocs、playwright、gguf 是文档和真权重一档的，这里不跑
 HOST_TOOLS = {"mmdebstrap": "mmdebstrap", "update-binfmts": "binfmt-support", "unshare": "util-linux",
               "qemu-aarch64-static": "qemu-user-static"}  # 本机要的命令 -> 装它的 Debian 包
-# 模拟哪颗 CPU：Neoverse-N1（AWS Graviton2、Ampere Altra），真有人拿来跑 PyTorch 的服务器核。qemu 默认的 max 带 512 位
-# SVE，wheel 里 oneDNN 的 fp32 矩阵乘（brg:sve_512）在 qemu 7.2 下算错（F.linear 差到 1 以上；SVE 128、256 位和
-# 不带 SVE 时都对）：那样测出来的是模拟器和 torch，不是我们的核
+# 模拟 Neoverse-N1（Graviton2、Ampere Altra）。qemu 默认的 max 带 512 位 SVE，wheel 里 oneDNN 的 fp32 矩阵乘
+# （brg:sve_512）在 qemu 7.2 下算错（差到 1 以上；SVE 128、256 位和不带 SVE 都对）：那测的是模拟器和 torch，不是我们的核
 QEMU_CPU = "neoverse-n1"
 BINFMT = Path("/proc/sys/fs/binfmt_misc")
 CACHE = ROOT / ".cache" / "arch"
 KEEP = {".cache", "models"}  # /src 里留着的：根里算过的 HF 参考、根里做的小模型
-SUBSET = ("tests/ch6/test_kernel_ops.py", "tests/ch6/test_kernel.py")
-SUBSET_NAME = ("ch6 的一组（C++ 核的每个算子对 PyTorch 退路、矩阵乘对 float64、核开和关都和 HF 逐 token 相同；"
-               "不是第 6 章的全部测试，全部用 --arch aarch64 ch6）")
+DEFAULT = "ch6_engine_sampler"  # 不点名时跑的检查点：C++ 核只在第 6 章
 
 
 class Refused(Exception):
     """跑不了：消息是给读者的一行原因。code 是退出码（2：命令行用错了；1：这台机器跑不了）。"""
-
     def __init__(self, why: str, code: int = 1):
         super().__init__(why)
         self.code = code
@@ -71,14 +69,10 @@ def parse(extra: list[str]) -> tuple[str, list[str]]:
             names.append(a)
     if arch not in ARCHS:
         raise Refused(f"--arch 只支持 {'、'.join(ARCHS)}，给的是 {arch or '（空）'}", 2)
-    manifest, picked = load_manifest(), []
-    for n in names:
-        hits = [c.name for c in manifest if n in (c.name, c.name.split("_")[0])]
-        if len(hits) != 1:
-            known = ", ".join(c.name for c in manifest)
-            raise Refused(f"找不到检查点 {n!r}：可选 {known}（--arch 只测书里的检查点）", 2)
-        picked.append(hits[0])
-    return arch, picked
+    known = {k: c.name for c in load_manifest() for k in (c.name, c.name.split("_")[0])}
+    if bad := [n for n in names if n not in known]:
+        raise Refused(f"找不到检查点 {bad[0]!r}：可选 {', '.join(sorted(set(known.values())))}（只测书里的检查点）", 2)
+    return arch, [known[n] for n in names]
 
 
 def _run(cmd: list[str], **kw) -> tuple[int, str]:
@@ -124,13 +118,10 @@ def prepare_host(arch: str) -> None:
     if not (BINFMT / "register").exists():
         _step("本机：挂上 binfmt_misc", ["mount", "-t", "binfmt_misc", "binfmt_misc", str(BINFMT)])
     entry = BINFMT / f"qemu-{arch}"
-
-    def enabled() -> bool:
-        return entry.exists() and entry.read_text().startswith("enabled\n")
-
-    if not enabled():
+    if not entry.exists() or not entry.read_text().startswith("enabled\n"):
         _step(f"本机：登记 qemu-{arch}", ["update-binfmts", "--enable", f"qemu-{arch}"])
-    if not enabled() or not re.search(r"^flags:.*F", entry.read_text(), re.MULTILINE):
+    text = entry.read_text() if entry.exists() else ""
+    if not text.startswith("enabled\n") or not re.search(r"^flags:.*F", text, re.MULTILINE):
         raise Refused(f"binfmt_misc 里的 qemu-{arch} 没有启用或没有 F 标志（{entry}）：chroot 进去的程序没法执行")
 
 
@@ -226,11 +217,22 @@ def sync_src(root: Path) -> int:
 
 
 def jobs(root: Path, arch: str, names: list[str]) -> list[tuple[str, list[str], dict]]:
-    """tools.run_tests._run 的几份：没点名时是 SUBSET 这一组，点了名的检查点各跑全部小模型一档。"""
+    """tools.run_tests._run 的几份：每个检查点（没点名时是第 6 章）跑它的全部小模型一档。"""
     pytest = ["python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "--tb=short", "-rs"]
-    if not names:
-        return [(f"{arch} · {SUBSET_NAME}", in_root(root, [*pytest, *SUBSET, "--checkpoint", "ch6"]), {})]
-    return [(f"{arch} · {n}（小模型一档）", in_root(root, [*pytest, "tests", "--checkpoint", n]), {}) for n in names]
+    return [(f"{arch} · {n}（小模型一档）", in_root(root, [*pytest, "tests", "--checkpoint", n]), {})
+            for n in names or [DEFAULT]]
+
+
+@contextlib.contextmanager
+def _lock(arch: str) -> Iterator[None]:
+    """同一个根同时只给一次运行用（另一次的 sync_src 会删掉 /src 重拷）；已经有人在用就抛 Refused。"""
+    (CACHE / arch).mkdir(parents=True, exist_ok=True)
+    with open(CACHE / arch / "lock", "w") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise Refused(f"另一个 --arch {arch} 正在用同一个根（{CACHE / arch}）：等它跑完再来") from None
+        yield
 
 
 def run_arch(extra: list[str]) -> int:
@@ -238,14 +240,15 @@ def run_arch(extra: list[str]) -> int:
     try:
         arch, names = parse(extra)
         prepare_host(arch)
-        root = ensure_root(arch)
-        n = sync_src(root)
+        with _lock(arch):
+            root = ensure_root(arch)
+            n = sync_src(root)
+            built = any((root / "root" / ".cache" / "torch_extensions").glob("minisgl_kernel_*/*.so"))
+            print(f"{arch}：拷了 {n} 个文件到根里的 /src；在 qemu-user（{QEMU_CPU}）下跑 pytest"
+                  f"{'' if built else '，第一次要在模拟器里编 C++ 核（约 6 分钟）'}。qemu-user 不执行 madvise，"
+                  "根里也没有本机的 /sys：透明大页的测试会跳过", flush=True)
+            passed, failed, details = run_tests._run(jobs(root, arch, names), dict(os.environ), 1)
+            return run_tests._finish(passed, failed, details)
     except Refused as e:
         print(f"错误：{e}", flush=True)
         return e.code
-    built = any((root / "root" / ".cache" / "torch_extensions").glob("minisgl_kernel_*/*.so"))
-    print(f"{arch}：拷了 {n} 个文件到根里的 /src；在 qemu-user（{QEMU_CPU}）下跑 pytest"
-          f"{'' if built else '，第一次要在模拟器里编 C++ 核（约 6 分钟）'}。qemu-user 不执行 madvise，根里也没有"
-          "本机的 /sys：透明大页的测试会跳过", flush=True)
-    passed, failed, details = run_tests._run(jobs(root, arch, names), dict(os.environ), 1)
-    return run_tests._finish(passed, failed, details)

@@ -377,8 +377,21 @@ def measure(path, mode, dtype_name):
     gc.collect()
     return result
 
+# 量法自己的底噪：读出一个一维的小张量，RssAnon 平均多出多少字节。本机约为 0；qemu-user 这类模拟器每映射一次
+# 要记一笔自己的账（量到过约 1.2 MB），那时"峰值接近一份权重"就量不出来了
+def per_tensor_overhead(path):
+    file = sorted(glob.glob(os.path.join(path, "*.safetensors")))[0]
+    with safe_open(file, framework="pt") as f:
+        keys = [k for k in f.keys() if len(f.get_slice(k).get_shape()) == 1][:16]
+        gc.collect()
+        before = rss_anon()
+        kept = [f.get_tensor(k) for k in keys]
+        grown = rss_anon() - before - sum(t.numel() * t.element_size() for t in kept)
+    return max(grown, 0) / len(keys)
+
 path = sys.argv[1]
-print(json.dumps([measure(path, *run.split("/")) for run in sys.argv[2:]]))
+overhead = per_tensor_overhead(path)
+print(json.dumps([dict(measure(path, *run.split("/")), overhead=overhead) for run in sys.argv[2:]]))
 """
 
 LINUX_ONLY = pytest.mark.skipif(not sys.platform.startswith("linux"),
@@ -427,6 +440,14 @@ def memory_runs(checkpoint, tmp_path_factory):
     return {run: r for run, r in zip(RUNS, json.loads(proc.stdout.strip().splitlines()[-1]))}
 
 
+def resolvable(r):
+    """每读一个张量 RssAnon 就多出一截（模拟器的簿记）时，几十个张量的底噪盖过了要量的差别：跳过并说量到多少。"""
+    if r["overhead"] * r["samples"] > 0.1 * r["weights"]:
+        pytest.skip(f"这台机器上每读一个张量 RssAnon 就多 {r['overhead'] / 2**20:.2f} MB（模拟器把自己的簿记算进进程，"
+                    f"如 qemu-user）：{r['samples']} 次读的底噪超过权重的一成，峰值量不准")
+    return r
+
+
 def describe(r):
     mb = 1024 * 1024
     growth = r["peak"] - r["base"]
@@ -439,7 +460,7 @@ def describe(r):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_task7_streaming_peak_stays_near_one_copy(memory_runs, dtype):
     """流式加载（fp32 原样收下 / 边收边转 bf16）：匿名内存的峰值增长不到最终权重的 1.3 倍。"""
-    r = memory_runs[f"stream/{dtype}"]
+    r = resolvable(memory_runs[f"stream/{dtype}"])
     assert r["weights"] > 50 * 2**20, describe(r)
     assert r["samples"] > r["num_params"], describe(r)
     assert r["peak"] - r["base"] < 1.3 * r["weights"], describe(r)
@@ -448,6 +469,6 @@ def test_task7_streaming_peak_stays_near_one_copy(memory_runs, dtype):
 @LINUX_ONLY
 def test_task7_naive_load_is_caught_by_the_same_measurement(memory_runs):
     """对照：同样的量法下，"整个读进来再拼第二份"的峰值明显超过 1.7 倍，说明上面的测量真能抓到两份。"""
-    r = memory_runs["naive/float32"]
+    r = resolvable(memory_runs["naive/float32"])
     print(*(describe(x) for x in memory_runs.values()), sep="\n")
     assert r["peak"] - r["base"] > 1.7 * r["weights"], describe(r)

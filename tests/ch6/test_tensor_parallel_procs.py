@@ -224,6 +224,21 @@ def test_ranks_use_fork_on_cpu_and_spawn_with_cuda():
     assert start_method() == ("spawn" if torch.cuda.is_available() else "fork")
 
 
+def test_every_openmp_runtime_in_the_process_is_found():
+    """torch 的 OpenMP 运行库不一定在全局符号表里（aarch64 的 wheel 就不在）：openmp_runtimes 按 /proc/self/maps
+    找到进程里载入的每一份，每份都有 omp_pause_resource_all，fork 之前才放得掉。"""
+    import ctypes
+
+    from minisgl.server.launch import openmp_runtimes
+
+    if "OpenMP" not in torch.__config__.parallel_info():
+        pytest.skip("这份 torch 不用 OpenMP：没有线程池要放")
+    torch.ones(64, 64) @ torch.ones(64, 64)
+    found = openmp_runtimes()
+    assert found, f"torch 用着 OpenMP，/proc/self/maps 里却没找到运行库：{torch.__config__.parallel_info()}"
+    assert all(hasattr(ctypes.CDLL(p), "omp_pause_resource_all") for p in found), found
+
+
 @pytest.mark.parametrize("method", ["start_method()", "spawn"])
 def test_ranks_exit_when_the_launcher_is_killed(checkpoint, tmp_path, method):
     """启动器被 SIGKILL：两个 rank 也跟着退出，而不是一直跑到生成结束。两种起法都试：CPU 上默认的 fork，和 spawn。

@@ -94,15 +94,25 @@ def test_a_run_that_did_not_happen_is_a_failure(host, capsys):
     assert out[-1].startswith("0 passed, 1 failed"), out
 
 
-def test_default_is_the_named_kernel_and_parity_subset():
-    """不点名时只跑这一组，摘要的名字说明它不是整章；它含每个小算子对退路、核开和关的逐 token 对齐。"""
+def test_a_second_run_on_the_same_root_is_refused(host, capsys, tmp_path):
+    """两次 --arch aarch64 同时跑：第二次会把第一次正在用的 /src 删掉重拷，所以它说一行就走，不碰根。"""
+    host.setattr(arch, "prepare_host", lambda a: None)
+    host.setattr(arch, "ensure_root", lambda a: (_ for _ in ()).throw(AssertionError("第二次不该去建根")))
+    with arch._lock("aarch64"):
+        _one_line(capsys, arch.run_arch(["--arch", "aarch64"]), "正在用同一个根")
+    with arch._lock("aarch64"):  # 第一次跑完，锁就放开了
+        pass
+
+
+def test_default_is_the_whole_ch6_small_model_tier():
+    """不点名时跑第 6 章的全部小模型一档（C++ 核只在第 6 章）：里面有每个小算子对退路、核开和关的逐 token 对齐。"""
     (name, cmd, _), = arch.jobs(Path("/r"), "aarch64", [])
-    assert "不是第 6 章的全部测试" in name and cmd[-2:] == ["--checkpoint", "ch6"]
-    assert all((ROOT / t).is_file() and t in cmd for t in arch.SUBSET)
+    assert cmd[-3:] == ["tests", "--checkpoint", "ch6_engine_sampler"] and "ch6_engine_sampler" in name
     kernel = (ROOT / "tests/ch6/test_kernel.py").read_text(encoding="utf-8")
     assert "def test_engine_matches_hf_on_both_paths" in kernel and '["kernel", "F.linear"]' in kernel
-    (_, cmd, _), = arch.jobs(Path("/r"), "aarch64", ["ch6_engine_sampler"])
-    assert cmd[-3:] == ["tests", "--checkpoint", "ch6_engine_sampler"]
+    assert (ROOT / "tests/ch6/test_kernel_ops.py").is_file()
+    (_, cmd, _), = arch.jobs(Path("/r"), "aarch64", ["ch4_kv_pool"])
+    assert cmd[-3:] == ["tests", "--checkpoint", "ch4_kv_pool"]
 
 
 def test_host_sys_is_never_mounted_into_the_root():

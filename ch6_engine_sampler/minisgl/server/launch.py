@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import os
+import re
 import signal
 import socket
 import sys
@@ -47,11 +48,19 @@ def start_method() -> str:
     """CPU（Linux）上 fork：spawn 出来的 rank 要重新 import 一遍 torch、transformers 和 minisgl，每个都要几秒，
     fork 直接继承。GPU 上仍然 spawn：CUDA 在 fork 出来的进程里不能用。fork 之前先放掉 OpenMP 的线程池：
     父进程算过东西，池里的线程不会跟到子进程里，子进程的第一个并行区就会一直等它们。
-    放不掉（找不到这个函数）就 spawn。"""
+    放不掉（没找到运行库，或某一份没有这个函数、没放成）就 spawn。"""
     if torch.cuda.is_available() or not sys.platform.startswith("linux"):
         return "spawn"
-    pause = getattr(ctypes.CDLL(None), "omp_pause_resource_all", None)
-    return "fork" if pause is not None and pause(_OMP_PAUSE_HARD) == 0 else "spawn"
+    pauses = [getattr(ctypes.CDLL(path), "omp_pause_resource_all", None) for path in openmp_runtimes()]
+    return "fork" if pauses and all(p is not None and p(_OMP_PAUSE_HARD) == 0 for p in pauses) else "spawn"
+
+
+def openmp_runtimes() -> List[str]:
+    """进程里载入的每个 OpenMP 运行库（libgomp、libiomp、libomp）的路径，按 /proc/self/maps。torch 的 aarch64
+    wheel 把自带的 libgomp 载在局部作用域里，CDLL(None) 找不到它；别的扩展（如 sentencepiece）可能再带一份：都放掉。"""
+    with open("/proc/self/maps") as f:
+        paths = {cols[5].strip() for line in f if len(cols := line.split(maxsplit=5)) == 6}
+    return sorted(p for p in paths if re.match(r"lib[gi]?omp[-.]", os.path.basename(p)))
 
 
 def _worker(rank: int, run_rank: Callable[..., Any], config: EngineConfig, args: tuple, results,
