@@ -106,6 +106,10 @@ def whose_task(dest: Path, error: BaseException) -> str | None:
 
 def main(argv: list[str]) -> int:
     dest = Path(argv[0]).resolve()
+    if not SCRIPT.is_file():  # 里程碑脚本是书里给的，不在读者的目录里
+        print(f"错误：里程碑脚本 {SCRIPT} 不见了：它是第 6 章检查点里给的文件（demo DIR 拿它跑你的引擎），"
+              "用 git checkout -- ch6_engine_sampler 找回来", file=sys.stderr, flush=True)
+        return 1
     sys.path.insert(0, str(dest))
     sys.argv = [str(SCRIPT), *argv[1:]]
     try:

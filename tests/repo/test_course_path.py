@@ -287,6 +287,16 @@ def test_whose_task_names_errors_raised_while_importing(kind, tmp_path):
     assert ("_mine" in said) == (kind == "helper_at_import"), said  # 异常抛在哪里也说
 
 
+def test_demo_without_the_books_milestone_script_says_one_line(tmp_path, monkeypatch, capsys):
+    """demo DIR 跑的是书里第 6 章检查点的里程碑脚本：它不见了（被删、没克隆全）时说一行，不是 traceback。"""
+    from tools import own_demo
+
+    monkeypatch.setattr(own_demo, "SCRIPT", tmp_path / "gone" / "stage1_milestone.py")
+    assert own_demo.main([str(tmp_path)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "stage1_milestone.py" in err[0] and "git checkout" in err[0], err
+
+
 def test_progress_reads_the_records(path):
     """progress：每章通过了几个任务、是不是从上一章长出来的；代码改过就说记录旧了；只读记录，不跑测试。"""
     dirs = [str(path.base / f"my_ch{n}") for n in range(1, 7)]
