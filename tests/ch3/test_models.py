@@ -138,6 +138,15 @@ def test_task2_create_model_follows_architectures(tiny_models, tmp_path):
         build_meta(config_of(tmp_path))
 
 
+def test_task2_activation_other_than_silu_is_refused(tiny_models, tmp_path):
+    """hidden_act 不是 silu（HF 认 gelu 等）：建模型时就是一行 ValueError，不悄悄按 silu 算。"""
+    cfg = json.loads((tiny_models["llama3"] / "config.json").read_text())
+    cfg["hidden_act"] = "gelu_pytorch_tanh"
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with expect_error("ch3/unsupported_activation", act="gelu_pytorch_tanh"):
+        build_meta(config_of(tmp_path))
+
+
 @pytest.mark.parametrize("name", FAMILIES)
 def test_task2_model_class_per_family(tiny_models, name):
     model = build_meta(config_of(tiny_models[name]))
