@@ -127,8 +127,8 @@ class Engine:
                                     world_size=config.tp_info.size, timeout=timeout)
         except Exception as e:  # 原话往往只有一句 "Wait timeout"：补上是谁、在哪儿等
             raise RuntimeError(f"rank {config.tp_info.rank}（共 {config.tp_info.size} 个）在 {config.distributed_addr} "
-                               f"会合（rendezvous）失败，进程组没建成（distributed_timeout={config.distributed_timeout} 秒）"
-                               f"：{e}") from e
+                               f"会合（rendezvous）失败，进程组没建成"
+                               f"（distributed_timeout={config.distributed_timeout} 秒）：{e}") from e
         return dist.new_group(backend="gloo", timeout=timeout) if backend == "nccl" else dist.group.WORLD
     # --8<-- [end:init_communication]
 
