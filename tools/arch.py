@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from tools import run_tests
-from tools.manifest import ROOT, load_manifest
+from tools.manifest import ROOT, by_name, load_manifest
 
 ARCHS = {"aarch64": "arm64"}  # --arch 的名字 -> Debian 的架构名
 SUITE, MIRROR = "bookworm", "http://deb.debian.org/debian"
@@ -69,10 +69,10 @@ def parse(extra: list[str]) -> tuple[str, list[str]]:
             names.append(a)
     if arch not in ARCHS:
         raise Refused(f"--arch 只支持 {'、'.join(ARCHS)}，给的是 {arch or '（空）'}", 2)
-    known = {k: c.name for c in load_manifest() for k in (c.name, c.name.split("_")[0])}
-    if bad := [n for n in names if n not in known]:
-        raise Refused(f"找不到检查点 {bad[0]!r}：可选 {', '.join(sorted(set(known.values())))}（只测书里的检查点）", 2)
-    return arch, [known[n] for n in names]
+    if bad := [n for n in names if by_name(n) is None]:
+        known = ", ".join(c.name for c in load_manifest())
+        raise Refused(f"找不到检查点 {bad[0]!r}：可选 {known}（只测书里的检查点）", 2)
+    return arch, [by_name(n).name for n in names]
 
 
 def _run(cmd: list[str], **kw) -> tuple[int, str]:

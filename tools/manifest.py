@@ -51,14 +51,15 @@ def load_manifest() -> list[Checkpoint]:
     return [Checkpoint(**c, path=ROOT / c["name"]) for c in data["checkpoint"]]
 
 
+def by_name(spec: str) -> Checkpoint | None:
+    """清单里叫 spec（全名或 ch3 这样的前缀）的那个检查点；没有时 None。"""
+    hits = [c for c in load_manifest() if c.name == spec or c.name.split("_")[0] == spec]
+    return hits[0] if len(hits) == 1 else None
+
+
 def find_checkpoint(spec: str, as_chapter: str | None = None) -> Checkpoint:
     """spec 是清单里的名字（或 ch3 这样的前缀），或者读者自己的目录（此时用 as_chapter 指定按哪一章的要求测）。"""
     manifest = load_manifest()
-
-    def by_name(s: str) -> Checkpoint | None:
-        hits = [c for c in manifest if c.name == s or c.name.split("_")[0] == s]
-        return hits[0] if len(hits) == 1 else None
-
     if (ck := by_name(spec)) is not None and as_chapter is None:
         return ck
     path = Path(spec).resolve()

@@ -174,11 +174,11 @@ def interface_table(ck: Checkpoint) -> str:
     """本章要写的公开接口（名字不以 _ 开头，__init__ 除外），按任务分组的 Markdown 表。"""
     rows, private = ["| 任务 | 文件 | 接口 | 说明 |", "|---|---|---|---|"], []
     for s in sorted(find_stubs(ck), key=lambda s: s.task.number if s.task else 99):
+        task = f"{s.task.number}" if s.task else "?"
         if any(part.startswith("_") and part != "__init__" for part in s.qualname.split(".")):
-            private.append(f"`{s.qualname}`（任务 {s.task.number if s.task else '?'}）")
+            private.append(f"`{s.qualname}`（任务 {task}）")
             continue
         doc = (ast.get_docstring(s.node) or "").strip().splitlines()
-        task = f"{s.task.number}" if s.task else "?"
         line = (doc[0] if doc else "").replace("|", "\\|")
         rows.append(f"| {task} | `{s.file}` | {table_code(_signature(s))} | {line} |")
     if private:  # 内部函数不进表，但也是桩：点名，免得读者以为只写表里的就够

@@ -36,18 +36,17 @@ def _ext():
     return kernel.extension()
 
 
-def _has_toolchain() -> bool:
-    from torch.utils.cpp_extension import is_ninja_available
-
-    return bool(shutil.which(os.environ.get("CXX", "c++"))) and is_ninja_available()
-
-
 def _missing_toolchain() -> str:
+    """缺的编译工具（空串：都在）。"""
     from torch.utils.cpp_extension import is_ninja_available
 
     cxx = os.environ.get("CXX", "c++")
     missing = [f"C++ 编译器 {cxx}"] if not shutil.which(cxx) else []
     return "、".join(missing + ([] if is_ninja_available() else ["ninja"]))
+
+
+def _has_toolchain() -> bool:
+    return not _missing_toolchain()
 
 
 def _ext_or_skip():

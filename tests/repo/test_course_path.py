@@ -384,16 +384,22 @@ def test_every_course_command_in_the_book_parses():
             find_checkpoint(parsed[0])
 
 
+def _record_dirs(tmp_path: Path, monkeypatch, *names: str) -> list[Path]:
+    """几个只有一个文件的工作目录，记录写进 tmp_path/records（progress 只读记录，不跑测试）。"""
+    monkeypatch.setenv("MINISGL_COURSE_RECORDS", str(tmp_path / "records"))
+    dirs = [tmp_path / n for n in names]
+    for d in dirs:
+        d.mkdir()
+        (d / "x.py").write_text("x = 1\n")
+    return dirs
+
+
 @pytest.mark.parametrize("broken", ["truncated", "not_an_object", "missing_field"])
 def test_progress_reports_an_unreadable_record_in_one_line(broken, tmp_path, monkeypatch):
     """.cache/course/ 里一份坏了的记录：progress 照样列出整张表，这份记录当作没有，表下一行说它读不了。"""
     from tools.course_record import write_check, write_start
 
-    monkeypatch.setenv("MINISGL_COURSE_RECORDS", str(tmp_path / "records"))
-    good, bad = tmp_path / "my_ch1", tmp_path / "my_ch2"
-    for d in (good, bad):
-        d.mkdir()
-        (d / "x.py").write_text("x = 1\n")
+    good, bad = _record_dirs(tmp_path, monkeypatch, "my_ch1", "my_ch2")
     write_start(good, 1, {"from": None, "forced": False})
     write_start(bad, 2, {"from": str(good), "forced": False})
     record = write_check(bad, 2, {"tests/ch2/test_ops.py::test_task1_x": {"outcome": "passed", "reason": ""}}, "all")
@@ -431,11 +437,7 @@ def test_progress_says_what_a_record_does_not_cover(tmp_path, monkeypatch):
     """只跑了一个任务、回归有失败、--force 从不是上一章的目录长出来：progress 都写在备注和起点里。"""
     from tools.course_record import progress_report, write_check, write_start
 
-    monkeypatch.setenv("MINISGL_COURSE_RECORDS", str(tmp_path / "records"))
-    src, dest = tmp_path / "my_ch2", tmp_path / "my_ch4"
-    for d in (src, dest):
-        d.mkdir()
-        (d / "x.py").write_text("x = 1\n")
+    src, dest = _record_dirs(tmp_path, monkeypatch, "my_ch2", "my_ch4")
     write_start(src, 2, {"from": None, "forced": False})
     write_start(dest, 4, {"from": str(src), "forced": True})
     write_check(dest, 4, {"tests/ch4/test_kv_pool.py::test_task2_x": {"outcome": "passed", "reason": ""},

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.manifest import load_manifest
+from tools.manifest import by_name, load_manifest
 from tools.manifest import load_tasks
 from tools import stubs
 from tools.run_tests import build_parser
@@ -184,11 +184,6 @@ def _commands(text: str) -> list[str]:
     return cmds
 
 
-def _checkpoint_by_name(spec: str):
-    hits = [c for c in load_manifest() if spec in (c.name, c.name.split("_")[0])]
-    return hits[0] if len(hits) == 1 else None
-
-
 def _test_names(chapter: int) -> str:
     """这一章的检查点会跑到的全部测试：文件名和函数名（-k 就在这些名字里做子串匹配）。"""
     dirs = ["checkpoint"] + [f"ch{n}" for n in range(1, chapter + 1)]
@@ -210,11 +205,11 @@ def _check_command(cmd: str) -> None:
         assert not [e for e in extra if e.startswith("-")], f"tools.run_tests 不认这些参数：{extra}（{cmd}）"
         if args.checkpoint:
             spec = args.as_chapter if args.as_chapter else args.checkpoint
-            assert _checkpoint_by_name(spec), f"{cmd}：清单里没有检查点 {spec!r}"
+            assert by_name(spec), f"{cmd}：清单里没有检查点 {spec!r}"
     elif argv[:4] == ["python", "-m", "pytest", "tests"]:
         opts = dict(zip(argv[4::2], argv[5::2]))
         spec = opts.get("--as") or opts.get("--checkpoint")
-        ck = _checkpoint_by_name(spec) if spec else None
+        ck = by_name(spec) if spec else None
         assert ck, f"{cmd}：--checkpoint / --as 要指向清单里的检查点"
         if "-k" in opts:
             names = _test_names(ck.chapter)
@@ -245,7 +240,7 @@ def test_command_check_catches_a_missing_tool():
 def test_chapter_page_has_its_test_command(ck):
     cmds = _commands(_section((DOCS / f"ch{ck.chapter}.md").read_text(encoding="utf-8"), "运行本章测试"))
     ours = [c for c in cmds if c.split()[:3] == ["python", "-m", "tools.run_tests"] and len(c.split()) == 4]
-    assert any(getattr(_checkpoint_by_name(c.split()[3]), "name", None) == ck.name for c in ours), \
+    assert any(getattr(by_name(c.split()[3]), "name", None) == ck.name for c in ours), \
         f"ch{ck.chapter}.md 的'运行本章测试'里要有 python -m tools.run_tests ch{ck.chapter}"
 
 
