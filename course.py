@@ -18,6 +18,7 @@ python course.py test --no-real 只跑小模型一档。
 其余参数原样传下去，例如 python course.py test ch3 只测第 3 章的检查点。
 python course.py test --arch aarch64 [chN …] 在 qemu 模拟的 arm64 Debian 里跑小模型一档（要 root；tools/arch.py），
 不点名时跑第 6 章（C++ 核只在这一章）。
+python3 course.py test ch6 --no-real --system-python 用运行它的 Python（GPU 机器上已经装好的 torch），不建 .venv、不装依赖。
 """
 
 from __future__ import annotations
@@ -40,8 +41,14 @@ def venv_python() -> Path:
 
 
 def ensure_env() -> None:
-    """建 .venv，requirements.txt 变了才重装；装好后用 .venv 里的 Python 重新执行本脚本。"""
+    """建 .venv，requirements.txt 变了才重装；装好后用 .venv 里的 Python 重新执行本脚本。
+    --system-python：用运行本脚本的 Python（torch 已经装好的 GPU 机器：conda、云镜像），不建 .venv、不装依赖。"""
     if Path(sys.prefix).resolve() == VENV.resolve():
+        return
+    if "--system-python" in sys.argv:
+        sys.argv.remove("--system-python")
+        if why := pinned_mismatch():
+            sys.exit(f"错误：--system-python：{why}")
         return
     if not venv_python().exists():
         print("第一次运行：创建 .venv …", flush=True)
@@ -53,6 +60,33 @@ def ensure_env() -> None:
         subprocess.run([str(venv_python()), "-m", "pip", "install", "-q", "-r", str(REQS)], check=True)
         stamp.write_text(digest)
     os.execv(str(venv_python()), [str(venv_python()), str(Path(__file__).resolve()), *sys.argv[1:]])
+
+
+def pinned_mismatch() -> str | None:
+    """--system-python 时，测试离不开的几个包要在、transformers 要是钉死的版本（参照输出由它算）；torch 用现成的。"""
+    from importlib.metadata import PackageNotFoundError, version
+
+    pins = dict(re.findall(r"^([A-Za-z0-9_-]+)==([^\s;#]+)", REQS.read_text(), re.M))
+    for name in ("torch", "transformers", "safetensors", "pytest", "hypothesis"):
+        try:
+            got = version(name)
+        except PackageNotFoundError:
+            return f"这个 Python（{sys.executable}）没有 {name}：pip install {name}=={pins[name]}（没有网时带它的 wheel 过去）"
+        if name == "transformers" and got != pins[name]:
+            return (f"transformers 是 {got}，测试的参照输出要 requirements.txt 的 {pins[name]}："
+                    f"pip install transformers=={pins[name]}（没有网时带它的 wheel 过去）")
+    return None
+
+
+def device_line() -> str:
+    """test 开头的一行：测试在什么设备上跑、哪些在别处跑。"""
+    import torch
+
+    if not torch.cuda.is_available():
+        return f"设备：CPU（torch {torch.__version__}，没有 CUDA：只在 CUDA 上才有意义的测试跳过并写明理由）"
+    n = torch.cuda.device_count()
+    return (f"设备：CUDA，{n} 块 {torch.cuda.get_device_name(0)}（torch {torch.__version__}）：引擎在 cuda:0 上跑，"
+            f"参照输出在 CPU 上算；--tp N 的测试卡不够时各 rank 在 CPU 上（--device cpu）；C++ 核的测试用 CPU 上的张量")
 
 
 def demo(extra: list[str]) -> int:
@@ -112,6 +146,7 @@ def test(extra: list[str]) -> int:
         from tools.arch import run_arch
 
         return run_arch(extra)
+    print(device_line(), flush=True)
     if "--no-real" in extra:
         extra = [a for a in extra if a != "--no-real"]
     elif "--real" not in extra:

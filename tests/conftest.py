@@ -81,6 +81,25 @@ def tiny_models() -> dict[str, Path]:
     return make_all()
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _no_leftover_globals():
+    """一个测试失败在半路（比如用着 Engine 时的断言）可能留下全局的 Context、TP 身份或进程组：每个测试文件测完清掉，
+    免得同一个 pytest 进程里之后的文件跟着失败（-n 8 时失败会传给同一个 worker 上毫不相干的测试）。按文件而不是
+    按测试清：有的文件整个共用一个 Engine。
+    该清的有没有清，由测这件事的测试自己查；这里只用已经 import 过的模块，清不动（桩）就算了。"""
+    yield
+    if _SELECTED is None:
+        return
+    for module, reset in (("minisgl.core", "reset_global_ctx"), ("minisgl.distributed", "reset_tp_info")):
+        try:
+            getattr(sys.modules[module], reset)()
+        except Exception:  # noqa: BLE001 —— 没 import、没有这个函数、还是桩：都不是这里该报的
+            pass
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def pytest_generate_tests(metafunc):
     """按所选检查点支持的模型家族和页大小展开参数。"""
     if _SELECTED is None:

@@ -27,11 +27,11 @@ MODEL = "qwen3-tied"
 
 
 def make_engine(model, ps: int = 1, max_running_req: int = 4, num_pages: int | None = 256,
-                max_seq_len: int | None = 256) -> Engine:
+                max_seq_len: int | None = 256, device: str = "auto") -> Engine:
     return Engine(EngineConfig(model_path=str(model), tp_info=DistributedInfo(0, 1), dtype=torch.float32,
                                max_running_req=max_running_req, attention_backend="auto", page_size=ps,
                                num_page_override=num_pages, max_seq_len_override=max_seq_len,
-                               use_dummy_weight=False, cuda_graph_bs=None))
+                               use_dummy_weight=False, cuda_graph_bs=None, device=device))
 
 
 @contextmanager
@@ -160,17 +160,18 @@ def test_task1_init_attributes(tiny_models, ps):
 
 
 def test_task1_num_threads_set_by_engine_only_without_omp(tiny_models, monkeypatch):
-    """没有 OMP_NUM_THREADS 时 Engine 用上能用的所有核；用户设了就不动。"""
+    """CPU 上的 Engine 在没有 OMP_NUM_THREADS 时用上能用的所有核；用户设了就不动。device="cpu"：有 GPU 的机器上
+    也测 CPU 上的引擎（GPU 上的引擎不管线程数）。"""
     cores = len(os.sched_getaffinity(0))
     old = torch.get_num_threads()
     try:
         monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
         torch.set_num_threads(cores + 1)
-        with engine_of(tiny_models[MODEL], num_pages=8, max_seq_len=8):
+        with engine_of(tiny_models[MODEL], num_pages=8, max_seq_len=8, device="cpu"):
             assert torch.get_num_threads() == cores
         monkeypatch.setenv("OMP_NUM_THREADS", "1")
         torch.set_num_threads(cores + 1)
-        with engine_of(tiny_models[MODEL], num_pages=8, max_seq_len=8):
+        with engine_of(tiny_models[MODEL], num_pages=8, max_seq_len=8, device="cpu"):
             assert torch.get_num_threads() == cores + 1
     finally:
         torch.set_num_threads(old)

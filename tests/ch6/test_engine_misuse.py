@@ -74,6 +74,13 @@ def test_engine_gpu_backend_without_gpu(monkeypatch, tiny_models, name):
     assert_no_global_state()
 
 
+@pytest.mark.parametrize("device", ["gpu", "cuda:0", ""] + ([] if torch.cuda.is_available() else ["cuda"]))
+def test_config_device(device):
+    """device 只认三个名字；没有 GPU 时 'cuda' 也在构造时就拒绝，而不是建到一半在 torch 里出错。"""
+    with expect_error("ch6/config_device", value=repr(device)):
+        config(device=device)
+
+
 @pytest.mark.parametrize("timeout", [0, -1.0, float("nan")])
 def test_config_distributed_timeout_must_be_positive(timeout):
     with expect_error("ch6/config_distributed_timeout"):

@@ -47,6 +47,11 @@ KEYS = {"test_tp_sampling_same_on_every_rank": "sampling",
         "test_worker_error_reaches_parent": "worker_error"}  # 测试 -> 它看的那次运行
 
 
+def rank_device_args(tp: int) -> list[str]:
+    """GPU 比 rank 少（常见的是一块卡）时，各 rank 放在 CPU 上用 gloo 跑：--device cpu，和 tp.md 教的一样。"""
+    return ["--device", "cpu"] if torch.cuda.is_available() and torch.cuda.device_count() < tp else []
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -107,13 +112,13 @@ def planned_runs(tiny_models, tmp: Path) -> dict[str, Run]:
     for name, tp in CASES:
         dump = tmp / f"{name}-tp{tp}.safetensors"
         args = build_argv(tiny_models[name], PROMPTS, TINY_NEW_TOKENS, dump_logits=dump)
-        runs[f"{name}-tp{tp}"] = Run(args + ["--tp", str(tp), "--dist-timeout", "60"], {})
+        runs[f"{name}-tp{tp}"] = Run(args + ["--tp", str(tp), "--dist-timeout", "60", *rank_device_args(tp)], {})
     runs["sampling"] = Run(["--model", str(tiny_models["llama3"]), "--prompt", "Hello", "--prompt", "你好",
                             "--max-new-tokens", "8", "--json", "--tp", "2", "--temperature", "1.0", "--top-k", "50",
-                            "--seed", "7"], {})
+                            "--seed", "7", *rank_device_args(2)], {})
     (tmp / "worker_error").mkdir()
     runs["worker_error"] = Run(["--model", str(tiny_models["qwen3-tied"]), "--prompt", "Hello", "--tp", "2",
-                                "--num-pages", "1"], {"TMPDIR": str(tmp / "worker_error")})
+                                "--num-pages", "1", *rank_device_args(2)], {"TMPDIR": str(tmp / "worker_error")})
     return runs
 
 
@@ -213,8 +218,18 @@ if __name__ == "__main__":
     torch.ones(1024, 1024) @ torch.ones(1024, 1024)  # 父进程先算过东西：OpenMP 的线程池已经建好
     if method == "spawn":
         launch.start_method = lambda: "spawn"
-    launch.launch_tp(EngineConfig(model_path=".", tp_info=DistributedInfo(0, 2), dtype=torch.float32), run_rank, ready)
+    config = EngineConfig(model_path=".", tp_info=DistributedInfo(0, 2), dtype=torch.float32, device="cpu")
+    launch.launch_tp(config, run_rank, ready)
 """
+
+
+def test_gpu_ranks_that_do_not_exist_are_refused_before_spawning(checkpoint, tiny_models, monkeypatch):
+    """一块 GPU 的机器上 --tp 2、没说 --device cpu：给定的 launch_tp 在起进程之前拒绝，并说出 --device cpu。
+    在这个进程里运行 generate.py，torch.cuda 换成"看得到 1 块卡"：拒绝发生在碰 CUDA 之前，没有 GPU 的机器上也测得到。"""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    res = run_cli(checkpoint.entry_path, ["--model", str(tiny_models["qwen3-tied"]), "--prompt", "Hello", "--tp", "2"])
+    expect_exit("ch6/cli_tp_more_ranks_than_gpus", res)
 
 
 def test_ranks_use_fork_on_cpu_and_spawn_with_cuda():

@@ -14,7 +14,8 @@ from minisgl.models import ModelConfig, load_hf_config
 @dataclass(frozen=True)
 class EngineConfig:
     """CPU 上 num_page_override 不给时按可用内存估算，但不会超过 max_running_req 条满长序列用得到的页数。
-    distributed_addr 是字段：测试可以各用各的端口。"""
+    distributed_addr 是字段：测试可以各用各的端口。device 是官方没有的字段："auto" 有 GPU 就用 cuda:{rank}；
+    "cpu" 在 GPU 机器上也放 CPU（只有一块卡时，TP 的几个 rank 就这样在 CPU 上用 gloo 跑）。"""
 
     model_path: str
     tp_info: DistributedInfo
@@ -30,6 +31,7 @@ class EngineConfig:
     use_dummy_weight: bool = False
     max_seq_len_override: int | None = None
     num_page_override: int | None = None
+    device: str = "auto"
 
     def __post_init__(self) -> None:
         """配置本身就不可能工作时，构造时就报错：别等到加载完权重、建 KV 池或注意力后端时才发现。"""
@@ -46,6 +48,10 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.memory_ratio={self.memory_ratio!r}：应当在 (0, 1] 里")
         if not self.distributed_timeout > 0:  # 也挡住 NaN
             raise ValueError(f"EngineConfig.distributed_timeout={self.distributed_timeout!r}：必须是正的秒数")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"EngineConfig.device={self.device!r}：只能是 'auto'、'cpu' 或 'cuda'")
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise ValueError("EngineConfig.device='cuda'：这台机器上的 torch 看不到 GPU")
 
     @cached_property
     def hf_config(self) -> PretrainedConfig:
@@ -54,6 +60,13 @@ class EngineConfig:
     @cached_property
     def model_config(self) -> ModelConfig:
         return ModelConfig.from_hf(self.hf_config)
+
+    @property
+    def rank_device(self) -> torch.device:
+        """本 rank 的设备：Engine 用它，launch_tp 也问它（各 rank 要不要一块自己的卡）。"""
+        if self.device == "cpu" or not torch.cuda.is_available():
+            return torch.device("cpu")
+        return torch.device(f"cuda:{self.tp_info.rank}")
 
     @property
     def max_seq_len(self) -> int:

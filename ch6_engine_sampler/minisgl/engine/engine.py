@@ -69,7 +69,7 @@ class Engine:
     def _init(self, config: EngineConfig) -> None:
         # ---------------- 设备、线程、Context、进程组
         self.config = config
-        self.device = torch.device(f"cuda:{config.tp_info.rank}" if torch.cuda.is_available() else "cpu")
+        self.device = config.rank_device
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         elif "OMP_NUM_THREADS" not in os.environ:  # decode 读权重是访存密集的：用上能用的所有核，TP 的各进程平分
@@ -122,14 +122,14 @@ class Engine:
             return None
         timeout = timedelta(seconds=config.distributed_timeout)
         backend = "nccl" if self.device.type == "cuda" else "gloo"
-        try:
+        try:  # NCCL 的 init_process_group 不一定当场等齐各 rank，紧接着的 new_group 才等：两步一起算会合
             dist.init_process_group(backend, init_method=config.distributed_addr, rank=config.tp_info.rank,
                                     world_size=config.tp_info.size, timeout=timeout)
+            return dist.new_group(backend="gloo", timeout=timeout) if backend == "nccl" else dist.group.WORLD
         except Exception as e:  # 原话往往只有一句 "Wait timeout"：补上是谁、在哪儿等
             raise RuntimeError(f"rank {config.tp_info.rank}（共 {config.tp_info.size} 个）在 {config.distributed_addr} "
                                f"会合（rendezvous）失败，进程组没建成"
                                f"（distributed_timeout={config.distributed_timeout} 秒）：{e}") from e
-        return dist.new_group(backend="gloo", timeout=timeout) if backend == "nccl" else dist.group.WORLD
     # --8<-- [end:init_communication]
 
     def _load_weight_state_dict(self, config: EngineConfig) -> dict[str, torch.Tensor]:
@@ -161,6 +161,7 @@ class Engine:
     def forward_batch(self, batch: Batch, args: BatchSamplingArgs) -> ForwardOutput:
         """查一次 batch → 前向 → 每个真请求 complete_one → 采样 → 拷回 CPU。假请求只参与前向，不采样。"""
         self.check_batch(batch)
+        _to_device(batch, self.device)
         with self.ctx.forward_batch(batch):
             if self.graph_runner.can_use_cuda_graph(batch):
                 logits = self.graph_runner.replay(batch)
@@ -233,6 +234,13 @@ def _check_input_ids(req: Req, vocab_size: int) -> None:
     if len(new) and not (0 <= int(new.min()) and int(new.max()) < vocab_size):
         bad = sorted({t for t in new.tolist() if not 0 <= t < vocab_size})
         raise ValueError(f"{req}: 这一步要前向的 token id {bad[:5]} 不在词表里（vocab_size={vocab_size}）")
+
+
+def _to_device(batch: Batch, device: torch.device) -> None:
+    """调用方可以在主存里填 input_ids、positions、out_loc（里程碑脚本就这样填）：前向之前在这里一次搬上引擎的设备，
+    之后各层拿到的都已在设备上。CPU 上 .to 原样返回同一个张量，什么也不做。"""
+    for name in ("input_ids", "positions", "out_loc"):
+        setattr(batch, name, getattr(batch, name).to(device, non_blocking=True))
 
 
 def _check_filled(batch: Batch) -> None:

@@ -39,6 +39,8 @@ def parse_args(argv: List[str] | None = None, doc: str | None = None) -> argpars
     ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=0, help="采样的随机种子：同一个种子，同样的输出")
     ap.add_argument("--tp", type=int, default=1, help="张量并行的份数：起这么多个进程（CPU 上 gloo，GPU 上 NCCL）")
+    ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                    help="auto：有 GPU 就用（每个 rank 一块）；cpu：GPU 机器上也在 CPU 上跑（卡比 --tp 少时）")
     ap.add_argument("--dist-addr", help="各进程会合的地址（tcp://HOST:PORT 或 file://PATH）；默认找一个空闲端口")
     ap.add_argument("--dist-timeout", type=float, default=60.0, help="会合和每次集合通信最多等几秒，超时报错而不是挂着")
     args = ap.parse_args(argv)
@@ -49,6 +51,8 @@ def parse_args(argv: List[str] | None = None, doc: str | None = None) -> argpars
         ap.error("--num-pages 和 --max-seq-len 给了就必须是正整数")
     if not os.path.isfile(os.path.join(args.model, "config.json")):
         ap.error(f"--model {args.model}：找不到 {os.path.join(args.model, 'config.json')}")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda：这台机器上的 torch 看不到 GPU")
     if args.dump_logits and os.path.isdir(args.dump_logits):  # 生成完才发现就晚了
         ap.error(f"--dump-logits {args.dump_logits}：这是一个目录，要给文件路径")
     return args
@@ -72,4 +76,5 @@ def engine_config(args: argparse.Namespace, prompt_ids: List[List[int]]) -> Engi
     return EngineConfig(model_path=args.model, tp_info=DistributedInfo(0, args.tp), dtype=torch.float32,
                         max_running_req=len(prompt_ids), attention_backend=args.attention_backend,
                         page_size=ps, num_page_override=num_pages, max_seq_len_override=max_seq_len,
-                        distributed_timeout=args.dist_timeout, distributed_addr=args.dist_addr or free_addr())
+                        distributed_timeout=args.dist_timeout, distributed_addr=args.dist_addr or free_addr(),
+                        device=args.device)

@@ -76,8 +76,9 @@ def launch_tp(config: EngineConfig, run_rank: Callable[..., Any], *args: Any) ->
     某个 rank 出错时抛 RuntimeError，只带那个 rank 的异常那一行（不是整段 traceback），并结束其余进程；
     卡在集合通信上的 rank 最多等 distributed_timeout 秒。"""
     size = config.tp_info.size
-    if torch.cuda.is_available() and size > torch.cuda.device_count():  # 每个 rank 一块卡：cuda:{rank}
-        raise ValueError(f"每个 rank 要一块 GPU，这台机器只有 {torch.cuda.device_count()} 块")
+    if config.rank_device.type == "cuda" and size > torch.cuda.device_count():  # 每个 rank 一块卡：cuda:{rank}
+        raise ValueError(f"每个 rank 要一块 GPU，这台机器只有 {torch.cuda.device_count()} 块；"
+                         f"要在 CPU 上跑这 {size} 个 rank（gloo），加 --device cpu（EngineConfig.device='cpu'）")
     method = start_method()
     results = mp.get_context(method).Queue()
     ctx = mp.start_processes(_worker, args=(run_rank, config, args, results, os.getpid()), nprocs=size,
