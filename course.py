@@ -18,7 +18,8 @@ python course.py test --no-real 只跑小模型一档。
 其余参数原样传下去，例如 python course.py test ch3 只测第 3 章的检查点。
 python course.py test --arch aarch64 [chN …] 在 qemu 模拟的 arm64 Debian 里跑小模型一档（要 root；tools/arch.py），
 不点名时跑第 6 章（C++ 核只在这一章）。
-python3 course.py test ch6 --no-real --system-python 用运行它的 Python（GPU 机器上已经装好的 torch），不建 .venv、不装依赖。
+python3 course.py test ch6 --no-real --system-python 用运行它的 Python（GPU 机器上已经装好的 torch），
+不建 .venv、不装依赖。
 """
 
 from __future__ import annotations
@@ -71,7 +72,8 @@ def pinned_mismatch() -> str | None:
         try:
             got = version(name)
         except PackageNotFoundError:
-            return f"这个 Python（{sys.executable}）没有 {name}：pip install {name}=={pins[name]}（没有网时带它的 wheel 过去）"
+            return (f"这个 Python（{sys.executable}）没有 {name}：pip install {name}=={pins[name]}"
+                    "（没有网时带它的 wheel 过去）")
         if name == "transformers" and got != pins[name]:
             return (f"transformers 是 {got}，测试的参照输出要 requirements.txt 的 {pins[name]}："
                     f"pip install transformers=={pins[name]}（没有网时带它的 wheel 过去）")
