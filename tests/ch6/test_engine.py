@@ -7,6 +7,7 @@ append_host。测试初始化顺序和属性、出错时的清理、同一进程
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from contextlib import contextmanager
@@ -121,6 +122,19 @@ def generate(engine: Engine, prompt_ids: list[list[int]], n: int) -> list[list[i
 # ---------------------------------------------------------------- 任务 1：初始化
 
 
+@pytest.mark.parametrize("device,rank,expected", [("auto", 0, "cuda:0"), ("auto", 1, "cuda:1"), ("cpu", 1, "cpu"),
+                                                  ("cuda", 0, "cuda:0")])
+def test_task1_rank_device(tiny_models, monkeypatch, device, rank, expected):
+    """一台"看得到 GPU"的机器上（torch.cuda.is_available 换成 True，不碰真的 GPU）：auto、cuda 给 cuda:{rank}，
+    cpu 给 CPU；没有 GPU 时 auto 给 CPU（下面那行）。"""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    config = EngineConfig(model_path=str(tiny_models[MODEL]), tp_info=DistributedInfo(rank, 2), dtype=torch.float32,
+                          device=device)
+    assert config.rank_device == torch.device(expected)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert dataclasses.replace(config, device="auto").rank_device == torch.device("cpu")
+
+
 @pytest.mark.parametrize("ps", [1, 4, 64])
 def test_task1_init_attributes(tiny_models, ps):
     """设备、后端、KV 池（多一页假页）、page table（多一行假请求，宽度对齐）、假请求、GraphRunner。"""
@@ -207,15 +221,15 @@ def test_task1_large_weights_are_put_on_huge_pages(tmp_path):
 
     from minisgl.kernel import huge_pages
 
-    if torch.cuda.is_available() or not huge_pages._thp_enabled():
-        pytest.skip("权重在 GPU 上，或这台机器没有透明大页：to_huge_pages 原样返回")
+    if not huge_pages._thp_enabled():
+        pytest.skip("这台机器没有透明大页：to_huge_pages 原样返回")
     config = Qwen3Config(hidden_size=256, intermediate_size=1024, num_hidden_layers=1, num_attention_heads=4,
                          num_key_value_heads=2, head_dim=64, vocab_size=2048, max_position_embeddings=64,
                          tie_word_embeddings=True)  # 词嵌入和 gate_up 各 2 MB，其余不到 2 MB
     torch.manual_seed(0)
     Qwen3ForCausalLM(config).save_pretrained(tmp_path)
     ckpt = load_file(tmp_path / "model.safetensors")
-    with engine_of(tmp_path, num_pages=8, max_seq_len=8) as e:
+    with engine_of(tmp_path, num_pages=8, max_seq_len=8, device="cpu") as e:  # 大页是主存的事
         sd = e.model.state_dict()
         large = {k for k, v in sd.items() if v.nbytes >= huge_pages.HUGE_PAGE}
         assert large == {"model.embed_tokens.weight", "model.layers.0.mlp.gate_up_proj.weight"}

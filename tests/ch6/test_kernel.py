@@ -351,7 +351,7 @@ def test_engine_matches_hf_on_both_paths(tiny_models, monkeypatch, fresh_rope, p
 
         monkeypatch.setattr(utils, "extension", lambda: Counting())
     model = tiny_models[name]
-    with engine_of(model) as e:
+    with engine_of(model, device="cpu") as e:  # 核是 CPU 上的：有 GPU 的机器上也测 CPU 上的引擎
         got = generate(e, [encode(model, p) for p in PROMPTS], 8)
     if path == "kernel" and real is not None:
         assert any(1 <= n <= 8 for n in calls), "decode 的线性层没有走核"

@@ -180,7 +180,8 @@ def test_nan_logits_are_reported_not_token_0(engine):
     r = add_req(engine, table, [1, 2], SamplingParams(max_tokens=2), uid=9)
     cache.allocate_paged([r])
     r.complete_one()
-    out = ForwardOutput(torch.tensor([NAN_TOKEN], dtype=torch.int32), torch.tensor([NAN_TOKEN], dtype=torch.int32),
+    out = ForwardOutput(torch.tensor([NAN_TOKEN], dtype=torch.int32, device=engine.device),
+                        torch.tensor([NAN_TOKEN], dtype=torch.int32),
                         SimpleNamespace(synchronize=lambda: None), torch.full((1, 1024), float("nan")))
     with expect_error("ch6/nan_logits", uid=9):
         process_output(table, cache, [r], out)
