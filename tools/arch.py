@@ -265,7 +265,8 @@ def _clean(arch: str) -> int:
         except OSError as e:
             raise Refused(f"删不掉 {e.filename}：{e.strerror}（根里的文件属于 root：sudo python3 course.py test "
                           f"--arch {arch} --clean）") from None
-    print(f"删掉了 {arch} 的根文件系统：{'、'.join(said)}" if said else f"{arch} 没有缓存的根文件系统（{CACHE / arch}）")
+    print(f"删掉了 {arch} 的根文件系统：{'、'.join(said)}" if said else
+          f"{arch} 没有缓存的根文件系统（{CACHE / arch}）")
     return 0
 
 

@@ -88,6 +88,8 @@ def clean(arch: str, cache: Path, old: Path) -> list[str]:
             size = disk_usage(path)
             shutil.rmtree(path)
             said.append(f"{shown(path)}（{human(size)}）")
+        elif os.path.lexists(path):
+            path.unlink()
     (cache / arch / "lock").unlink(missing_ok=True)
     for d in (cache / arch, cache, cache.parent, old):
         try:
