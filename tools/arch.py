@@ -22,7 +22,6 @@ import os
 import platform
 import re
 import shutil
-import stat
 import subprocess
 import sys
 import time
@@ -30,6 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from tools import arch_cache, run_tests
+from tools.arch_cache import Refused, sync_src
 from tools.manifest import ROOT, by_name, load_manifest
 
 ARCHS = {"aarch64": "arm64"}  # --arch 的名字 -> Debian 的架构名
@@ -45,15 +45,7 @@ HOST_TOOLS = {"mmdebstrap": "mmdebstrap", "update-binfmts": "binfmt-support", "u
 QEMU_CPU = "neoverse-n1"
 BINFMT = Path("/proc/sys/fs/binfmt_misc")
 CACHE, OLD = arch_cache.CACHE, arch_cache.OLD  # 根在哪（用户的缓存目录）；旧版本放在仓库里的地方
-KEEP = {".cache", "models"}  # /src 里留着的：根里算过的 HF 参考、根里做的小模型
 DEFAULT = "ch6_engine_sampler"  # 不点名时跑的检查点：C++ 核只在第 6 章
-
-
-class Refused(Exception):
-    """跑不了：消息是给读者的一行原因。code 是退出码（2：命令行用错了；1：这台机器跑不了）。"""
-    def __init__(self, why: str, code: int = 1):
-        super().__init__(why)
-        self.code = code
 
 
 def parse(extra: list[str]) -> tuple[str, list[str], bool]:
@@ -205,37 +197,6 @@ def _build(arch: str, part: Path) -> None:
     shutil.rmtree(site / "bin")
     _step(f"{arch} 4/4：在模拟器里 import torch 试一次",
           in_root(part, ["python", "-c", f"import platform, torch; assert platform.machine() == {arch!r}"]))
-
-
-def sync_src(root: Path) -> int:
-    """把工作区拷进根里的 /src（git 跟踪的和没被忽略的文件）；除了 KEEP，上次拷的先删掉。返回文件个数。
-    只拷普通文件和指向仓库里面的链接（照样是链接）：不读设备、管道，不带指向仓库外面的链接（根里没有它指的东西）。"""
-    res = subprocess.run(["git", "ls-files", "-z", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
-                         check=False)
-    if res.returncode != 0:
-        raise Refused("拷工作区要 git（git ls-files）：请在 git 克隆的仓库里运行")
-    src = root / "src"
-    src.mkdir(exist_ok=True)
-    for p in src.iterdir():
-        if p.name not in KEEP:
-            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
-    files = [f for f in res.stdout.decode().split("\0") if f and _plain(ROOT / f)]
-    for f in files:
-        (src / f).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(ROOT / f, src / f, follow_symlinks=False)
-    return len(files)
-
-
-def _plain(path: Path) -> bool:
-    """普通文件，或指向仓库里面（的普通文件、目录）的链接。"""
-    try:
-        mode = os.lstat(path).st_mode
-    except OSError:
-        return False
-    if stat.S_ISLNK(mode):
-        target = path.resolve()
-        return target.exists() and ROOT in target.parents
-    return stat.S_ISREG(mode)
 
 
 def jobs(root: Path, arch: str, names: list[str]) -> list[tuple[str, list[str], dict]]:

@@ -1,10 +1,11 @@
-"""--arch 的根文件系统放在哪里、多大、怎么删（tools/arch.py 用）。
+"""--arch 的根文件系统放在哪里、多大、怎么删，往它的 /src 里拷什么（tools/arch.py 用）。
 
 根（约 5 GB，/dev 下有设备文件，dev/fd 指向 /proc）不放在仓库里：仓库只装读者的代码和课程，复制、打包、遍历仓库
 的工具（cp -r、shutil.copytree、备份）读到 dev/zero 这样的设备会一直读下去。它放在用户的缓存目录（$XDG_CACHE_HOME，
 没有就 ~/.cache）下的 minisgl-course/arch-<仓库目录名>-<仓库路径的短哈希>/<架构>/：每份克隆一个（/src 每次重拷，
 两份克隆共用一个根会互相删）。旧版本把它放在仓库的 .cache/arch/：同一个文件系统就搬过来（改名，瞬间完成），
 搬不了就每次说一行它在哪、多大、怎么删。删：python course.py test --arch aarch64 --clean。
+拷进 /src 的只有普通文件和指向仓库里面的链接：不读设备、管道，不带指向仓库外面的链接。
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import stat
+import subprocess
 from pathlib import Path
 
 from tools.manifest import ROOT
@@ -25,6 +28,16 @@ def cache_home() -> Path:
 
 CACHE = cache_home() / "minisgl-course" / f"arch-{ROOT.name}-{hashlib.sha256(str(ROOT).encode()).hexdigest()[:8]}"
 OLD = ROOT / ".cache" / "arch"  # 旧版本放根的地方（仓库里面）
+KEEP = {".cache", "models"}  # 根里 /src 留着的：根里算过的 HF 参考、根里做的小模型
+
+
+class Refused(Exception):
+    """跑不了：消息是给读者的一行原因。code 是退出码（2：命令行用错了；1：这台机器跑不了）。"""
+    def __init__(self, why: str, code: int = 1):
+        super().__init__(why)
+        self.code = code
+
+
 
 
 def disk_usage(path: Path) -> int:
@@ -97,3 +110,34 @@ def clean(arch: str, cache: Path, old: Path) -> list[str]:
         except OSError:
             pass
     return said
+
+
+def sync_src(root: Path) -> int:
+    """把工作区拷进根里的 /src（git 跟踪的和没被忽略的文件）；除了 KEEP，上次拷的先删掉。返回文件个数。
+    只拷普通文件和指向仓库里面的链接（照样是链接）：不读设备、管道，不带指向仓库外面的链接（根里没有它指的东西）。"""
+    res = subprocess.run(["git", "ls-files", "-z", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
+                         check=False)
+    if res.returncode != 0:
+        raise Refused("拷工作区要 git（git ls-files）：请在 git 克隆的仓库里运行")
+    src = root / "src"
+    src.mkdir(exist_ok=True)
+    for p in src.iterdir():
+        if p.name not in KEEP:
+            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+    files = [f for f in res.stdout.decode().split("\0") if f and _plain(ROOT / f)]
+    for f in files:
+        (src / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / f, src / f, follow_symlinks=False)
+    return len(files)
+
+
+def _plain(path: Path) -> bool:
+    """普通文件，或指向仓库里面（的普通文件、目录）的链接。"""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return False
+    if stat.S_ISLNK(mode):
+        target = path.resolve()
+        return target.exists() and ROOT in target.parents
+    return stat.S_ISREG(mode)

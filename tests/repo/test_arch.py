@@ -211,10 +211,10 @@ def test_only_plain_files_and_links_inside_reach_src(monkeypatch, tmp_path):
     (repo / "models").symlink_to(tmp_path, target_is_directory=True)
     (repo / "gone.py").symlink_to(tmp_path / "nothing")
     subprocess.run(["git", "init", "-q", str(repo)], check=True)
-    monkeypatch.setattr(arch, "ROOT", repo)
+    monkeypatch.setattr(arch_cache, "ROOT", repo)
     root = tmp_path / "root"
     root.mkdir()
-    assert arch.sync_src(root) == 2
+    assert arch_cache.sync_src(root) == 2
     src = root / "src"
     assert (src / "pkg" / "a.py").read_text() == "A = 1\n" and os.readlink(src / "pkg" / "b.py") == "a.py"
     assert not os.path.lexists(src / "models") and not os.path.lexists(src / "gone.py")
