@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -86,6 +87,8 @@ def adopt_old(arch: str, cache: Path, old: Path) -> None:
             if (src / "ready").is_file():
                 os.replace(src / "ready", dest / "ready")
             shutil.rmtree(src, ignore_errors=True)  # 剩下的锁文件、没建完的 root.partial
+            with contextlib.suppress(OSError):
+                old.rmdir()  # 空了的 .cache/arch 也不留
             print(f"{arch}：旧版本把根文件系统放在仓库的 {shown(src)}，搬到了 {dest}", flush=True)
             return
     print(f"{arch}：仓库里还有旧版本留下的根文件系统 {shown(src)}（{human(disk_usage(src))}），已经不用了："

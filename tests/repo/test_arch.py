@@ -160,12 +160,12 @@ def _old_root(tmp_path: Path) -> Path:
 
 def test_an_old_root_in_the_repository_is_moved_out(host, capsys, tmp_path):
     """同一个文件系统：改名搬到缓存目录（不复制：复制会读设备文件），仓库里不留；搬过来的根直接用，不重建。"""
-    old = _old_root(tmp_path)
+    _old_root(tmp_path)
     host.setattr(arch, "_build", lambda *a: (_ for _ in ()).throw(AssertionError("搬过来的根不该重建")))
     (tmp_path / "cache" / "aarch64").mkdir(parents=True)
     root = arch.ensure_root("aarch64")
     assert root == tmp_path / "cache" / "aarch64" / "root" and (root / "etc" / "os-release").is_file()
-    assert not old.exists() and (root / "dev" / "fd").is_symlink()
+    assert not arch.OLD.exists() and (root / "dev" / "fd").is_symlink()
     out = capsys.readouterr().out
     assert "搬到了" in out and "用缓存的根文件系统" in out, out
 
