@@ -17,7 +17,8 @@ python course.py test --no-real 只跑小模型一档。
 
 其余参数原样传下去，例如 python course.py test ch3 只测第 3 章的检查点。
 python course.py test --arch aarch64 [chN …] 在 qemu 模拟的 arm64 Debian 里跑小模型一档（要 root；tools/arch.py），
-不点名时跑第 6 章（C++ 核只在这一章）。
+不点名时跑第 6 章（C++ 核只在这一章）。那个根文件系统（约 5 GB）缓存在仓库外面（~/.cache/minisgl-course/），
+跑完会说在哪；python course.py test --arch aarch64 --clean 删掉它。
 python3 course.py test ch6 --no-real --system-python 用运行它的 Python（GPU 机器上已经装好的 torch），
 不建 .venv、不装依赖。
 """

@@ -2,8 +2,9 @@
 
 第 6 章的 C++ 核有一段 `#if defined(__aarch64__)`，x86 上从来编不到它。这里用 mmdebstrap 建一个 arm64 的 Debian bookworm
 根文件系统（python3、python3-dev、g++），建 venv，装 PyPI 的 aarch64 wheel（requirements.txt 钉的版本，只装测试要的；
-aarch64 的 torch 带着 CUDA 的库，约 3 GB），缓存在 .cache/arch/aarch64/（约 5 GB），版本一变就重建。每次把工作区（git
-跟踪的和没被忽略的文件）拷进根里的 /src，在私有的 mount 命名空间里 chroot 进去跑 pytest：程序由 binfmt_misc 交给
+aarch64 的 torch 带着 CUDA 的库，约 3 GB），缓存在用户的缓存目录里（约 5 GB，不在仓库里；在哪、怎么删见
+tools/arch_cache.py，--clean 删掉它），版本一变就重建。每次把工作区（git 跟踪的和没被忽略的文件，只拷普通文件和
+指向仓库里面的链接）拷进根里的 /src，在私有的 mount 命名空间里 chroot 进去跑 pytest：程序由 binfmt_misc 交给
 qemu-aarch64 执行，C++ 核由根里的 g++ 按 utils.py 的选项现编。-mcpu=native 也编得过：qemu-user 的 /proc/cpuinfo 是本机
 （x86）的，gcc 认不出型号，退回通用的 armv8-a（NEON，128 位），正是那段代码的基线。不挂本机的 /sys（aarch64 的 torch
 读到 x86 的 /sys 会在 import 时崩），只给一个 tmpfs，写明有几个 CPU（torch 的 cpuinfo 库没有它就初始化失败，fp16 随之
@@ -27,7 +28,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from tools import run_tests
+from tools import arch_cache, run_tests
+from tools.arch_cache import Refused, sync_src
 from tools.manifest import ROOT, by_name, load_manifest
 
 ARCHS = {"aarch64": "arm64"}  # --arch 的名字 -> Debian 的架构名
@@ -42,29 +44,24 @@ HOST_TOOLS = {"mmdebstrap": "mmdebstrap", "update-binfmts": "binfmt-support", "u
 # （brg:sve_512）在 qemu 7.2 下算错（差到 1 以上；SVE 128、256 位和不带 SVE 都对）：那测的是模拟器和 torch，不是我们的核
 QEMU_CPU = "neoverse-n1"
 BINFMT = Path("/proc/sys/fs/binfmt_misc")
-CACHE = ROOT / ".cache" / "arch"
-KEEP = {".cache", "models"}  # /src 里留着的：根里算过的 HF 参考、根里做的小模型
+CACHE, OLD = arch_cache.CACHE, arch_cache.OLD  # 根在哪（用户的缓存目录）；旧版本放在仓库里的地方
 DEFAULT = "ch6_engine_sampler"  # 不点名时跑的检查点：C++ 核只在第 6 章
 
 
-class Refused(Exception):
-    """跑不了：消息是给读者的一行原因。code 是退出码（2：命令行用错了；1：这台机器跑不了）。"""
-    def __init__(self, why: str, code: int = 1):
-        super().__init__(why)
-        self.code = code
-
-
-def parse(extra: list[str]) -> tuple[str, list[str]]:
-    """--arch X、--no-real（本来就只跑小模型一档）和检查点名字 -> (架构, 检查点目录名)；别的一律拒绝。"""
-    arch, names, rest = None, [], list(extra)
+def parse(extra: list[str]) -> tuple[str, list[str], bool]:
+    """--arch X、--no-real（本来就只跑小模型一档）、--clean 和检查点名字 -> (架构, 检查点目录名, 是否 --clean)；
+    别的一律拒绝。"""
+    arch, names, rest, clean = None, [], list(extra), False
     while rest:
         a = rest.pop(0)
         if a == "--arch" or a.startswith("--arch="):
             arch = a[len("--arch="):] if "=" in a else (rest.pop(0) if rest else "")
+        elif a == "--clean":
+            clean = True
         elif a == "--real":
             raise Refused("--arch 只跑小模型一档（模拟器里跑真模型太慢）：去掉 --real", 2)
         elif a.startswith("-") and a != "--no-real":
-            raise Refused(f"--arch 不认识 {a}：只接受 --arch aarch64、--no-real 和检查点名字（ch1 … ch6）", 2)
+            raise Refused(f"--arch 不认识 {a}：只接受 --arch aarch64、--no-real、--clean 和检查点名字（ch1 … ch6）", 2)
         elif not a.startswith("-"):
             names.append(a)
     if arch not in ARCHS:
@@ -72,7 +69,9 @@ def parse(extra: list[str]) -> tuple[str, list[str]]:
     if bad := [n for n in names if by_name(n) is None]:
         known = ", ".join(c.name for c in load_manifest())
         raise Refused(f"找不到检查点 {bad[0]!r}：可选 {known}（只测书里的检查点）", 2)
-    return arch, [by_name(n).name for n in names]
+    if clean and names:
+        raise Refused("--clean 只删根文件系统、不跑测试：去掉检查点名字", 2)
+    return arch, [by_name(n).name for n in names], clean
 
 
 def _run(cmd: list[str], **kw) -> tuple[int, str]:
@@ -154,11 +153,13 @@ def in_root(root: Path, argv: list[str]) -> list[str]:
 
 
 def ensure_root(arch: str) -> Path:
-    """缓存里的根文件系统；没有（或 requirements.txt 变了）就从头建：先建在 root.partial，建好了才改名、写下键。"""
+    """缓存里的根文件系统；没有（或 requirements.txt 变了）就从头建：先建在 root.partial，建好了才改名、写下键。
+    旧版本留在仓库里的根先搬过来（arch_cache.adopt_old）。"""
     where, key = CACHE / arch, _key(arch)
     root, stamp = where / "root", where / "ready"
+    arch_cache.adopt_old(arch, CACHE, OLD)
     if root.is_dir() and stamp.is_file() and stamp.read_text() == key:
-        print(f"{arch}：用缓存的根文件系统（{root.relative_to(ROOT)}）", flush=True)
+        print(f"{arch}：用缓存的根文件系统（{root}）", flush=True)
         return root
     part = where / "root.partial"
     for old in (part, root):
@@ -198,24 +199,6 @@ def _build(arch: str, part: Path) -> None:
           in_root(part, ["python", "-c", f"import platform, torch; assert platform.machine() == {arch!r}"]))
 
 
-def sync_src(root: Path) -> int:
-    """把工作区拷进根里的 /src（git 跟踪的和没被忽略的文件）；除了 KEEP，上次拷的先删掉。返回文件个数。"""
-    res = subprocess.run(["git", "ls-files", "-z", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
-                         check=False)
-    if res.returncode != 0:
-        raise Refused("拷工作区要 git（git ls-files）：请在 git 克隆的仓库里运行")
-    src = root / "src"
-    src.mkdir(exist_ok=True)
-    for p in src.iterdir():
-        if p.name not in KEEP:
-            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
-    files = [f for f in res.stdout.decode().split("\0") if f and (ROOT / f).exists()]
-    for f in files:
-        (src / f).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(ROOT / f, src / f, follow_symlinks=False)
-    return len(files)
-
-
 def jobs(root: Path, arch: str, names: list[str]) -> list[tuple[str, list[str], dict]]:
     """tools.run_tests._run 的几份：每个检查点（没点名时是第 6 章）跑它的全部小模型一档。"""
     pytest = ["python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "--tb=short", "-rs"]
@@ -235,10 +218,25 @@ def _lock(arch: str) -> Iterator[None]:
         yield
 
 
+def _clean(arch: str) -> int:
+    """--clean：删掉这份仓库的根（正在用的时候不删），说删了什么、腾出多少。"""
+    with _lock(arch):
+        try:
+            said = arch_cache.clean(arch, CACHE, OLD)
+        except OSError as e:
+            raise Refused(f"删不掉 {e.filename}：{e.strerror}（根里的文件属于 root：sudo python3 course.py test "
+                          f"--arch {arch} --clean）") from None
+    print(f"删掉了 {arch} 的根文件系统：{'、'.join(said)}" if said else
+          f"{arch} 没有缓存的根文件系统（{CACHE / arch}）")
+    return 0
+
+
 def run_arch(extra: list[str]) -> int:
     """python course.py test --arch aarch64 [chN …]：准备本机和根，拷工作区，一份一份跑，最后是和本机一样的摘要。"""
     try:
-        arch, names = parse(extra)
+        arch, names, clean = parse(extra)
+        if clean:
+            return _clean(arch)
         prepare_host(arch)
         with _lock(arch):
             root = ensure_root(arch)
@@ -248,6 +246,7 @@ def run_arch(extra: list[str]) -> int:
                   f"{'' if built else '，第一次要在模拟器里编 C++ 核（约 6 分钟）'}。qemu-user 不执行 madvise，"
                   "根里也没有本机的 /sys：透明大页的测试会跳过", flush=True)
             passed, failed, details = run_tests._run(jobs(root, arch, names), dict(os.environ), 1)
+            print(arch_cache.where_line(arch, CACHE), flush=True)
             return run_tests._finish(passed, failed, details)
     except Refused as e:
         print(f"错误：{e}", flush=True)

@@ -184,28 +184,34 @@ def start(extra: list[str]) -> int:
         print(f"错误：{why}")
         return 2
     if dest.exists():
-        print(f"错误：{dest} 已经存在：不覆盖，换个目录名，或者先把它移走")
+        print(f"错误：{workspace.exists_line(dest)}")
         return 1
     if why := inside_the_book(dest, f"my_{tag}"):
         print(f"错误：{why}")
         return 2
-    if mine is not None and force:
-        print(f"--force：没有检查 {mine.name}，直接从它长出 {dest.name}（没通过的地方会跟着带过来）", flush=True)
-    elif mine is not None and not _check_previous(mine, prev):
+    if mine is not None and not force and not _check_previous(mine, prev):
+        return 1
+    try:  # 上面查过不存在；同时跑的另一个 start 可能刚建了它：认领（mkdir）撞上时同样是一行
+        made = workspace.make_workspace(ck, dest) if mine is None else workspace.grow_workspace(ck, dest, mine)
+    except FileExistsError as e:
+        print(f"错误：{e}")
+        return 1
+    except OSError as e:
+        print(f"错误：建不了 {shown(dest)}：{e.strerror or e}")
         return 1
     if mine is None:
-        made = workspace.make_workspace(ck, dest)
         print(f"{dest}：{prev.name if prev else '空目录'} + 第 {ck.chapter} 章的 {len(made)} 个桩"
               f"（raise NotImplementedError 的地方就是要你写的）。")
         yours = dest.parent / f"my_{prev.name.split('_')[0]}" if prev else None
         if yours is not None and yours.is_dir():
             again = f"python {shown(COURSE)} start {tag}{' ' + shown(dest) if where else ''} --from {shown(yours)}"
             print(f"  （起点是本书的 {prev.name}。想从你自己的 {yours.name} 长出来：删掉 {dest.name}，再 {again}）")
-    else:
-        g = workspace.grow_workspace(ck, dest, mine)
-        print(f"{dest}：从你的 {mine.name} 长出来 + 第 {ck.chapter} 章的 {len(g.stubs)} 个桩"
+    else:  # --force 的话建成了才说：没建成（同时跑的另一个 start 先建了）就只有"已经存在"那一行
+        if force:
+            print(f"--force：没有检查 {mine.name}，直接从它长出 {dest.name}（没通过的地方跟着带过来了）")
+        print(f"{dest}：从你的 {mine.name} 长出来 + 第 {ck.chapter} 章的 {len(made.stubs)} 个桩"
               f"（raise NotImplementedError 的地方就是要你写的）。")
-        _report(g, mine.name, ck.chapter)
+        _report(made, mine.name, ck.chapter)
     course_record.write_start(dest, ck.chapter, {"from": str(mine) if mine else None, "forced": force})
     print(f"照着 docs/{tag}.md 的「任务」一节写；随时看进度：python {shown(COURSE)} check "
           f"{shown(dest)} --as {tag}")

@@ -6,7 +6,9 @@ from __future__ import annotations
 import copy
 import fnmatch
 import functools
+import os
 import re
+import stat
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,12 +75,26 @@ def find_checkpoint(spec: str, as_chapter: str | None = None) -> Checkpoint:
 
 
 def checkpoint_files(path: Path) -> dict[str, bytes]:
-    """检查点目录里的全部文件（相对路径 -> 内容），跳过缓存目录。"""
-    out = {}
-    for p in sorted(path.rglob("*")):
-        if p.is_file() and not IGNORED_PARTS.intersection(p.parts) and p.suffix != ".pyc":
-            out[p.relative_to(path).as_posix()] = p.read_bytes()
-    return out
+    """检查点目录里的全部文件（相对路径 -> 内容），跳过缓存目录。读者的目录里也许还有别的：只读普通文件（设备、
+    管道读起来没有尽头），链接只跟到目录里面的普通文件，链接的目录不进去（不绕圈，不走出目录）。"""
+    top, out = path.resolve(), {}
+    for here, dirs, files in os.walk(top):  # followlinks=False
+        dirs[:] = [d for d in dirs if d not in IGNORED_PARTS]
+        for name in files:
+            p = Path(here, name)
+            if p.suffix != ".pyc" and _regular_inside(p, top):
+                out[p.relative_to(top).as_posix()] = p.read_bytes()
+    return {rel: out[rel] for rel in sorted(out, key=lambda rel: rel.split("/"))}  # 和 Path 排序一样：摘要不变
+
+
+def _regular_inside(p: Path, top: Path) -> bool:
+    """p 是普通文件，或者是指向 top 里面一个普通文件的链接。"""
+    if p.is_symlink() and top not in p.resolve().parents:
+        return False
+    try:
+        return stat.S_ISREG(os.stat(p).st_mode)
+    except OSError:  # 断了的链接
+        return False
 
 
 def use_checkpoint(spec: str) -> Checkpoint:

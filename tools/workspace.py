@@ -12,7 +12,11 @@ start chN --from DIR 让工作目录从读者自己的上一章长出来（grow_
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,12 +25,45 @@ from tools.manifest import Checkpoint, checkpoint_files, is_given
 from tools.stubs import Stub, changes, find_stubs, previous, stub_source
 
 
+def exists_line(dest: Path) -> str:
+    """目录已经存在时 start 说的话（事先查到的、认领时才撞上的，都是这一句）。"""
+    return f"{dest} 已经存在：不覆盖，换个目录名，或者先把它移走"
+
+
+@contextlib.contextmanager
+def building(dest: Path) -> Iterator[Path]:
+    """先认领 dest（不带 exist_ok 的 mkdir：两个 start 同时建一个目录，只有一个成功，另一个得到 FileExistsError），
+    再在旁边的临时目录里建，建好了改名换掉认领的空目录（rename 原子地替换空目录）：dest 要么是空的认领，要么是
+    完整的。出错时临时目录和认领都删掉，不留半个目录。"""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        dest.mkdir()
+    except FileExistsError:
+        raise FileExistsError(exists_line(dest)) from None
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".partial", dir=dest.parent))
+    except OSError:
+        dest.rmdir()
+        raise
+    try:
+        os.chmod(tmp, dest.stat().st_mode & 0o7777)  # mkdtemp 只给自己读写；和 mkdir 一样按 umask
+        yield tmp
+        os.rename(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            dest.rmdir()  # 只删空的认领：有人往里放了东西就留着
+        raise
+
+
 def make_workspace(ck: Checkpoint, dest: Path) -> list[Stub]:
     """复制上一章的检查点，删掉本章删除的文件，写入本章新增、修改的文件（Python 函数体换成桩）。"""
-    if dest.exists():
-        raise FileExistsError(f"{dest} 已经存在：不覆盖，换个目录名，或者先把它移走")
+    with building(dest) as tmp:
+        return _make(ck, tmp)
+
+
+def _make(ck: Checkpoint, dest: Path) -> list[Stub]:
     prev = previous(ck)
-    dest.mkdir(parents=True)
     if prev is not None:
         for rel, data in checkpoint_files(prev.path).items():
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -64,14 +101,16 @@ class Grown:
 
 def grow_workspace(ck: Checkpoint, dest: Path, mine: Path) -> Grown:
     """第 N 章的工作目录，从读者自己的第 N-1 章（mine）长出来。"""
-    if dest.exists():
-        raise FileExistsError(f"{dest} 已经存在：不覆盖，换个目录名，或者先把它移走")
+    with building(dest) as tmp:
+        return _grow(ck, tmp, mine)
+
+
+def _grow(ck: Checkpoint, dest: Path, mine: Path) -> Grown:
     prev = previous(ck)
     assert prev is not None, "第 0 步没有上一章"
     changed = set(changes(ck))
     theirs, ref_prev = checkpoint_files(mine), checkpoint_files(prev.path)
     g = Grown(find_stubs(ck))
-    dest.mkdir(parents=True)
 
     def put(rel: str, data: bytes) -> None:
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)

@@ -1,15 +1,19 @@
 """python course.py test --arch aarch64（tools/arch.py）在本机就能查的部分：用错了、这台机器跑不了时只说一行、退出码
-非 0、什么也不动；摘要和本机的一样，没跑成的不算通过。真在 qemu 里跑要几分钟、要 root，这里不跑（docs/testing.md）。"""
+非 0、什么也不动；摘要和本机的一样，没跑成的不算通过；根文件系统在仓库外面（tools/arch_cache.py），旧版本留在仓库里的
+搬出去或者说出来，--clean 删掉它；拷进根里的只有普通文件和仓库里面的链接。真在 qemu 里跑要几分钟、要 root，这里不跑
+（docs/testing.md）。"""
 
 from __future__ import annotations
 
+import errno
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tools import arch
+from tools import arch, arch_cache
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -17,7 +21,8 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.parametrize("argv,culprit", [(["--arch", "riscv64"], "riscv64"), (["--arch"], "--arch 只支持"),
                                           (["--arch", "aarch64", "--real"], "--real"),
                                           (["--arch=aarch64", "--no-docs"], "--no-docs"),
-                                          (["--arch", "aarch64", "ch9"], "'ch9'")])
+                                          (["--arch", "aarch64", "ch9"], "'ch9'"),
+                                          (["--arch", "aarch64", "--clean", "ch6"], "--clean")])
 def test_misuse_is_one_error_line(argv, culprit):
     """经由 course.py：命令行先查，查出错就停，不碰这台机器。"""
     res = subprocess.run([sys.executable, "course.py", "test", *argv], cwd=ROOT, capture_output=True, text=True,
@@ -35,6 +40,7 @@ def host(monkeypatch, tmp_path):
 
     monkeypatch.setattr(arch.subprocess, "run", refuse)
     monkeypatch.setattr(arch, "CACHE", tmp_path / "cache")
+    monkeypatch.setattr(arch, "OLD", tmp_path / "repo" / ".cache" / "arch")
     monkeypatch.setattr(arch, "BINFMT", tmp_path / "binfmt_misc")
     monkeypatch.setattr(arch.platform, "system", lambda: "Linux")
     monkeypatch.setattr(arch.platform, "machine", lambda: "x86_64")
@@ -80,7 +86,7 @@ def test_on_an_aarch64_machine_it_says_run_natively(host, capsys):
     _one_line(capsys, arch.run_arch(["--arch", "aarch64"]), "本身就是 aarch64", "--no-real")
 
 
-def test_a_run_that_did_not_happen_is_a_failure(host, capsys):
+def test_a_run_that_did_not_happen_is_a_failure(host, capsys, tmp_path):
     """根里的 pytest 没跑起来（比如 chroot 报 Exec format error）：摘要是 0 passed, 1 failed，退出码 1，不算通过。
     摘要和 tools.run_tests 的一样，最后一行是 pytest 式的计数。"""
     for name in ("prepare_host", "ensure_root"):
@@ -92,6 +98,8 @@ def test_a_run_that_did_not_happen_is_a_failure(host, capsys):
     out = capsys.readouterr().out.strip().splitlines()
     assert "0 passed, 1 failed" in out and any(line.startswith("失败  aarch64 · 假的") for line in out), out
     assert out[-1].startswith("0 passed, 1 failed"), out
+    where = out[out.index("0 passed, 1 failed") - 1]  # 摘要前一行：根在哪、多大、怎么删
+    assert str(tmp_path / "cache" / "aarch64") in where and "--arch aarch64 --clean" in where, where
 
 
 def test_a_second_run_on_the_same_root_is_refused(host, capsys, tmp_path):
@@ -127,3 +135,86 @@ def test_the_root_gets_the_pinned_versions():
     reqs = (ROOT / "requirements.txt").read_text(encoding="utf-8")
     pins = arch._pins()
     assert len(pins) == len(arch.WHEELS) and all(f"\n{p}" in f"\n{reqs}" for p in pins)
+
+
+def test_the_root_lives_outside_the_repository(monkeypatch, tmp_path):
+    """根（几个 GB，有设备文件）不在仓库里：在用户的缓存目录，按仓库的路径取名（两份克隆不共用 /src）。"""
+    assert ROOT not in arch.CACHE.parents and arch.CACHE.parent.name == "minisgl-course"
+    assert arch.CACHE.name.startswith(f"arch-{ROOT.name}-")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert arch_cache.cache_home() == tmp_path
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/dir")  # XDG 规范：相对路径不算
+    assert arch_cache.cache_home() == Path.home() / ".cache"
+
+
+def _old_root(tmp_path: Path) -> Path:
+    """旧版本留在仓库 .cache/arch/aarch64 的根：一个文件、一个指向 /proc 的链接、和现在一样的键。"""
+    old = tmp_path / "repo" / ".cache" / "arch" / "aarch64"
+    (old / "root" / "dev").mkdir(parents=True)
+    (old / "root" / "etc").mkdir()
+    (old / "root" / "etc" / "os-release").write_text("bookworm\n")
+    (old / "root" / "dev" / "fd").symlink_to("/proc/self/fd")
+    (old / "ready").write_text(arch._key("aarch64"))
+    return old
+
+
+def test_an_old_root_in_the_repository_is_moved_out(host, capsys, tmp_path):
+    """同一个文件系统：改名搬到缓存目录（不复制：复制会读设备文件），仓库里不留；搬过来的根直接用，不重建。"""
+    _old_root(tmp_path)
+    host.setattr(arch, "_build", lambda *a: (_ for _ in ()).throw(AssertionError("搬过来的根不该重建")))
+    (tmp_path / "cache" / "aarch64").mkdir(parents=True)
+    root = arch.ensure_root("aarch64")
+    assert root == tmp_path / "cache" / "aarch64" / "root" and (root / "etc" / "os-release").is_file()
+    assert not arch.OLD.exists() and (root / "dev" / "fd").is_symlink()
+    out = capsys.readouterr().out
+    assert "搬到了" in out and "用缓存的根文件系统" in out, out
+
+
+def test_an_old_root_that_cannot_be_moved_is_named_with_how_to_remove_it(host, capsys, tmp_path):
+    """另一个文件系统（rename 报 EXDEV）：不复制，说一行它在哪、多大、怎么删；--clean 把缓存目录里的和仓库里的
+    都删掉（连同空下来的目录），再来一次说没有了。"""
+    old = _old_root(tmp_path)
+    new = tmp_path / "cache" / "aarch64"
+    (new / "root").mkdir(parents=True)
+    (new / "ready").write_text("旧的键")
+    with host.context() as m:
+        m.setattr(os, "rename", lambda *a: (_ for _ in ()).throw(OSError(errno.EXDEV, "Invalid cross-device link")))
+        arch_cache.adopt_old("aarch64", tmp_path / "cache", arch.OLD)
+    line, = capsys.readouterr().out.splitlines()
+    assert str(old) in line and "--arch aarch64 --clean" in line and old.is_dir() and new.is_dir(), line
+    assert arch.run_arch(["--arch", "aarch64", "--clean"]) == 0
+    out = capsys.readouterr().out
+    assert "删掉了" in out and str(old) in out and str(new / "root") in out, out
+    assert not arch.OLD.exists() and not (tmp_path / "cache").exists()  # 仓库的 .cache 里还有别的：留着
+    assert arch.run_arch(["--arch", "aarch64", "--clean"]) == 0
+    assert "没有缓存的根文件系统" in capsys.readouterr().out
+
+
+def test_disk_usage_reads_no_device_and_follows_no_link(tmp_path):
+    """量根的大小只 lstat：指向设备、指向 /proc 和目录外面的链接、命名管道都不读不跟。"""
+    (tmp_path / "r" / "dev").mkdir(parents=True)
+    (tmp_path / "r" / "dev" / "zero").symlink_to("/dev/zero")
+    (tmp_path / "r" / "dev" / "fd").symlink_to("/proc/self/fd")
+    (tmp_path / "r" / "up").symlink_to(tmp_path)
+    os.mkfifo(tmp_path / "r" / "pipe")
+    (tmp_path / "r" / "data").write_bytes(b"x" * 100_000)
+    assert 100_000 <= arch_cache.disk_usage(tmp_path / "r") < 200_000
+
+
+def test_only_plain_files_and_links_inside_reach_src(monkeypatch, tmp_path):
+    """拷进根里 /src 的：普通文件，指向仓库里面的链接（照样是链接）；指向仓库外面的链接（比如 models ->
+    别处）不拷，根里没有它指的东西。"""
+    repo = tmp_path / "repo"
+    (repo / "pkg").mkdir(parents=True)
+    (repo / "pkg" / "a.py").write_text("A = 1\n")
+    (repo / "pkg" / "b.py").symlink_to("a.py")
+    (repo / "models").symlink_to(tmp_path, target_is_directory=True)
+    (repo / "gone.py").symlink_to(tmp_path / "nothing")
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    monkeypatch.setattr(arch_cache, "ROOT", repo)
+    root = tmp_path / "root"
+    root.mkdir()
+    assert arch_cache.sync_src(root) == 2
+    src = root / "src"
+    assert (src / "pkg" / "a.py").read_text() == "A = 1\n" and os.readlink(src / "pkg" / "b.py") == "a.py"
+    assert not os.path.lexists(src / "models") and not os.path.lexists(src / "gone.py")
