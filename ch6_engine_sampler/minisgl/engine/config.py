@@ -61,7 +61,9 @@ class EngineConfig:
 
     # --8<-- [start:check_tp]
     def check_tp(self) -> None:
-        """按 tp_info.size 切得开这个模型吗？切不开就说出是哪一项。词表不必整除：最后一份补 0（第 2 章）。"""
+        """按 tp_info.size 切得开这个模型吗？切不开就在一条 ValueError 里说出切不开的每一项（不只第一项）。
+        读 self.model_config（num_qo_heads、num_kv_heads、intermediate_size），报错用 HF 的字段名。
+        词表不必整除：最后一份补 0（第 2 章）。"""
         tp, mc = self.tp_info.size, self.model_config
         bad = [f"num_attention_heads={mc.num_qo_heads}"] if mc.num_qo_heads % tp else []
         if (mc.num_kv_heads % tp if tp <= mc.num_kv_heads else tp % mc.num_kv_heads):
