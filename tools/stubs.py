@@ -163,6 +163,30 @@ def _signature(s: Stub) -> str:
     return f"{name}({args}){ret}"
 
 
+def _inherited_doc(ck: Checkpoint, s: Stub) -> str:
+    """函数自己没有 docstring 时，接口表的"说明"借一句：构造函数借类的 docstring；方法借同一文件里基类的同名方法。"""
+    parts = s.qualname.split(".")
+    if len(parts) != 2:
+        return ""
+    classes = {n.name: n for n in ast.parse((ck.path / s.file).read_text(encoding="utf-8")).body
+               if isinstance(n, ast.ClassDef)}
+    todo, seen = [parts[0]], set()
+    while todo:
+        cls = classes.get(todo.pop(0))
+        if cls is None or cls.name in seen:
+            continue
+        seen.add(cls.name)
+        if parts[1] == "__init__":
+            return ast.get_docstring(cls) or ""
+        if cls.name != parts[0]:
+            method = next((n for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                           and n.name == parts[1]), None)
+            if method is not None and ast.get_docstring(method):
+                return ast.get_docstring(method)
+        todo += [ast.unparse(b) for b in cls.bases]
+    return ""
+
+
 def table_code(text: str) -> str:
     """表格单元格里的行内代码。类型注解里的 | 在反引号里转义不了（会显示成 \\|）：写成 <code>，| 用实体。"""
     if "|" not in text:
@@ -178,7 +202,7 @@ def interface_table(ck: Checkpoint) -> str:
         if any(part.startswith("_") and part != "__init__" for part in s.qualname.split(".")):
             private.append(f"`{s.qualname}`（任务 {task}）")
             continue
-        doc = (ast.get_docstring(s.node) or "").strip().splitlines()
+        doc = (ast.get_docstring(s.node) or _inherited_doc(ck, s)).strip().splitlines()
         line = (doc[0] if doc else "").replace("|", "\\|")
         rows.append(f"| {task} | `{s.file}` | {table_code(_signature(s))} | {line} |")
     if private:  # 内部函数不进表，但也是桩：点名，免得读者以为只写表里的就够
