@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
     prompt_ids = [tok(p).input_ids for p in args.prompt]
     for p, ids in zip(args.prompt, prompt_ids):
         if not ids:
-            raise SystemExit(f"错误：--prompt {p!r} 分词后一个 token 也没有，没法生成")
+            raise SystemExit(f"错误：--prompt {p!r} 被分词器编码成了 0 个 token：提示词至少要有一个 token")
     try:
         model.load(args.model)
     except ValueError as e:  # 坏权重（比如整数张量）：一行说清楚是哪个张量，不打印回溯

@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
     prompt_ids = [tok(p).input_ids for p in args.prompt]
     for p, ids in zip(args.prompt, prompt_ids):
         if not ids:
-            raise SystemExit(f"错误：--prompt {p!r} 分词后一个 token 也没有，没法生成")
+            raise SystemExit(f"错误：--prompt {p!r} 被分词器编码成了 0 个 token：提示词至少要有一个 token")
     set_tp_info(0, 1)
     ctx = Context(page_size=args.page_size)
     set_global_ctx(ctx)

@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> None:
     prompt_ids = [tok(p).input_ids for p in args.prompt]
     empty = [p for p, ids in zip(args.prompt, prompt_ids) if not ids]
     if empty:  # prefill 至少要一个 token；空 prompt 只有带 BOS 的分词器才编码得出东西
-        sys.exit(f"错误：--prompt {empty[0]!r} 编码后一个 token 也没有：给一个非空的 prompt")
+        sys.exit(f"错误：--prompt {empty[0]!r} 被分词器编码成了 0 个 token：提示词至少要有一个 token")
     set_tp_info(0, 1)
     ctx = Context(page_size=args.page_size)
     set_global_ctx(ctx)
