@@ -89,7 +89,8 @@ def allocate(req: Req, slots: Slots) -> None:
 def step(model: BaseLLMModel, reqs: list[Req], phase: str, slots: Slots) -> tuple[list[int], torch.Tensor]:
     """调用方这一边（阶段二由调度器来做）：先给每个请求 allocate(req, slots) 配页，再填 batch：positions、
     out_loc = page_table[行, positions]、input_ids = slots.token_pool[行, positions]（不读 Req.input_ids）；
-    前向之后把新 token 接到每个请求后面，并写进 slots.token_pool[table_idx, device_len - 1]。返回 (token 列表, logits)。"""
+    前向之后把新 token 接到每个请求后面，并写进 slots.token_pool[table_idx, device_len - 1]。
+    返回 (token 列表, logits)。"""
     ctx = get_global_ctx()
     batch = Batch(reqs=reqs, phase=phase)
     batch.padded_reqs = reqs

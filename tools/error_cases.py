@@ -131,7 +131,8 @@ def source_note(folder: str, page: str, task: int | None = None) -> str:
     构建时它和占位符一起换成表（tools/mkdocs_hooks.py），书里不出现。"""
     anchor = f"#任务-{task}" if task is not None else ""
     return (f"{SOURCE_NOTE}；读原文件时看 [tests/{folder}/errors.md](../tests/{folder}/errors.md{anchor})"
-            f"（同一份清单 `tests/{folder}/errors.toml` 生成的同样的表），或者在仓库根目录运行 `.venv/bin/mkdocs serve`，"
+            f"（同一份清单 `tests/{folder}/errors.toml` 生成的同样的表），"
+            f"或者在仓库根目录运行 `.venv/bin/mkdocs serve`，"
             f"浏览器打开 http://127.0.0.1:8000/{page}/ 。")
 
 
@@ -145,13 +146,13 @@ def render_file(folder: str) -> str:
     from tools.manifest import load_tasks
 
     head = [f"# {'命令行契约' if folder == 'checkpoint' else f'第 {chapter_of(folder)} 章'}的报错表", "",
-            f"由 `tests/{folder}/errors.toml` 生成（`python -m tools.error_cases` 重写；`tests/repo/test_error_cases.py`"
-            " 查它和清单一致），和书里页面上的表是同一份。测试查的就是这些片段。", ""]
+            f"由 `tests/{folder}/errors.toml` 生成（`python -m tools.error_cases` 重写；"
+            "`tests/repo/test_error_cases.py` 查它和清单一致），和书里页面上的表是同一份。测试查的就是这些片段。", ""]
     if folder == "checkpoint":
         return "\n".join(head + [render_table(folder), ""])
     titles = {t.number: t.title for t in load_tasks().get(chapter_of(folder), [])}
     tasks = sorted({c.task for c in load(folder).values()})
-    body = [f"## 任务 {k}\n\n{titles.get(k, '给定的代码（第 6 章任务表之外的文件）' if k == 0 else '')}\n\n{render_table(folder, k)}\n" for k in tasks]
+    body = [f"## 任务 {k}\n\n{titles.get(k, '')}\n\n{render_table(folder, k)}\n" for k in tasks]
     return "\n".join(head + body)
 
 

@@ -1,10 +1,12 @@
-"""python course.py demo DIR：在读者自己的 minisgl 上跑阶段一的里程碑脚本（第 6 章给定的 examples/stage1_milestone.py）。
+"""python course.py demo DIR：在读者自己的 minisgl 上跑阶段一的里程碑脚本（第 6 章给定的
+examples/stage1_milestone.py）。
 
     python -m tools.own_demo DIR [脚本的参数 ...]
 
 脚本用 DIR 自己的那份（DIR/examples/stage1_milestone.py：python course.py start ch6 原样复制的给定文件）；
 DIR 里没有时退回本书第 6 章检查点里的那份。先 import DIR 里的 minisgl，再运行脚本：本书的那份会把本书的检查点
-插到 sys.path 最前面，但包已经在 sys.modules 里，它的子模块都从 DIR/minisgl 里找，所以跑的还是读者的引擎。读者的代码抛了异常：打印 traceback（它是读者要调的），
+插到 sys.path 最前面，但包已经在 sys.modules 里，它的子模块都从 DIR/minisgl 里找，所以跑的还是读者的引擎。
+读者的代码抛了异常：打印 traceback（它是读者要调的），
 最后一行说出错的文件、行和它属于哪一章的哪个任务——运行时在函数里出错、import 时在模块顶层出错（含语法错误）都一样。
 """
 

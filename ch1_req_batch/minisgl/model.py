@@ -57,7 +57,8 @@ def rope(x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
 
 
 def attention(i: int, x: torch.Tensor) -> torch.Tensor:
-    """第 i 层注意力块：x (N, hidden) -> (N, hidden)。位置从 ctx.batch.positions 读，和历史算注意力交给 naive_attention。"""
+    """第 i 层注意力块：x (N, hidden) -> (N, hidden)。位置从 ctx.batch.positions 读，
+    和历史算注意力交给 naive_attention。"""
     p = f"model.layers.{i}.self_attn."
     N, H, KV, D = x.shape[0], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
     pos = get_global_ctx().batch.positions

@@ -12,7 +12,6 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -21,7 +20,8 @@ from tools.task_table import chapter_of_test, task_of_test
 
 PAGES = [ROOT / "README.md", *sorted(p for p in (ROOT / "docs").glob("*.md"))]
 BY_NAME = re.compile(r"-k\s+[\"']?[^\"'\s]*task\d")
-TASK_CMD = re.compile(r"python (?:course\.py check|-m tools\.run_tests|-m pytest tests)\b[^`#\n]*?--task\s+(\d+)[^`#\n]*")
+TASK_CMD = re.compile(r"python (?:course\.py check|-m tools\.run_tests|-m pytest tests)\b"
+                      r"[^`#\n]*?--task\s+(\d+)[^`#\n]*")
 
 
 def _task_commands() -> list[tuple[str, str, int]]:
