@@ -34,6 +34,10 @@ from tools.task_table import progress_table
 SITE_TEST = "tests/repo/test_site.py"
 COUNT = re.compile(r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed)")
 SKIP = re.compile(r"^SKIPPED \[(\d+)\] [^:]+:\d+: (.*)$", re.M)  # pytest -rs 的一行：SKIPPED [个数] 文件:行: 理由
+# 一个检查点分几份同时跑时各份的 nice：本章的任务 0（进度表先出来）；真权重一档是最长的一条链（几个大子进程、
+# 再一次真模型生成），比给定代码、回归这些短测试先拿到 CPU，最后才不会只剩它独自跑、另一个核闲着
+NICE = {"真权重一档": 5}
+NICE_REST = 10
 DETAILS_CAP = 20000  # 失败细节一共最多打印这么多字符：开头（最先失败的测试）加结尾（pytest 的简短汇总）
 
 
@@ -192,8 +196,8 @@ def _run(jobs, env: dict, n_jobs: int, on_done=None, empty_ok: bool = False, nic
     passed = failed = 0
     details = []
     with ThreadPoolExecutor(n_jobs) as pool:
-        runs = pool.map(lambda i: _job(jobs[i][0], jobs[i][1], dict(env, **jobs[i][2]), 10 if nice_rest and i else 0),
-                        range(len(jobs)))
+        runs = pool.map(lambda i: _job(jobs[i][0], jobs[i][1], dict(env, **jobs[i][2]),
+                                       NICE.get(jobs[i][0], NICE_REST) if nice_rest and i else 0), range(len(jobs)))
         for name, rc, out, secs, results in runs:
             last = out.strip().splitlines()[-1] if out.strip() else ""
             counts = {k.rstrip("s"): int(n) for n, k in COUNT.findall(last)}
