@@ -174,6 +174,8 @@ def test_the_scripted_learner_goes_the_whole_path(path):
     _ok(demo, "demo my_ch6")
     lines = demo.stdout.strip().splitlines()
     assert lines[0] == "你的引擎：my_ch6", lines[:3]
+    script = path.base / "my_ch6" / "examples" / "stage1_milestone.py"  # my_ch6 自己的那份（start 复制的给定文件）
+    assert lines[1] == f"里程碑脚本：{script.resolve()}", lines[:3]
     verdicts = [line for line in lines if "与 HF 一致" in line]
     assert len(verdicts) == 4 and all(v.rstrip().endswith("True") for v in verdicts), "\n".join(lines)
     assert lines[-1].startswith("单独跑") and lines[-1].endswith("True"), lines[-1]

@@ -49,14 +49,17 @@ class EngineConfig:
 
     @cached_property
     def hf_config(self) -> PretrainedConfig:
+        """load_hf_config(model_path)，缓存；目录、config.json 哪里不对就说哪里。"""
         return load_hf_config(self.model_path)  # 目录、config.json、结构、必需字段：哪里不对说哪里
 
     @cached_property
     def model_config(self) -> ModelConfig:
+        """ModelConfig.from_hf(hf_config)，缓存：整个模型的头数、层数（check_tp 读它）。"""
         return ModelConfig.from_hf(self.hf_config)
 
     @property
     def max_seq_len(self) -> int:
+        """max_seq_len_override，没给时取模型的 max_position_embeddings。"""
         return self.max_seq_len_override or self.model_config.rotary_config.max_position
 
     # --8<-- [start:check_tp]
