@@ -164,27 +164,54 @@ def _signature(s: Stub) -> str:
 
 
 def _inherited_doc(ck: Checkpoint, s: Stub) -> str:
-    """函数自己没有 docstring 时，接口表的"说明"借一句：构造函数借类的 docstring；方法借同一文件里基类的同名方法。"""
+    """函数自己没有 docstring 时，接口表的"说明"借一句：构造函数借类的 docstring；方法借基类（同一文件里的，
+    或者从检查点里别的模块 import 进来的）的同名方法。"""
     parts = s.qualname.split(".")
     if len(parts) != 2:
         return ""
-    classes = {n.name: n for n in ast.parse((ck.path / s.file).read_text(encoding="utf-8")).body
-               if isinstance(n, ast.ClassDef)}
-    todo, seen = [parts[0]], set()
+    todo, seen = [(s.file, parts[0])], set()
     while todo:
-        cls = classes.get(todo.pop(0))
-        if cls is None or cls.name in seen:
+        rel, name = todo.pop(0)
+        tree = _module(ck, rel)
+        cls = next((n for n in getattr(tree, "body", []) if isinstance(n, ast.ClassDef) and n.name == name), None)
+        if cls is None:  # 从别的模块 import 进来的基类：from .base import X / from minisgl.x import X
+            mod = _imported_from(tree, rel, name)
+            files = (f"{mod}.py", f"{mod}/__init__.py") if mod else ()
+            where = next((c for c in files if (ck.path / c).is_file()), None)
+            if where and (where, name) not in seen:
+                seen.add((where, name))
+                todo.append((where, name))
             continue
-        seen.add(cls.name)
         if parts[1] == "__init__":
             return ast.get_docstring(cls) or ""
-        if cls.name != parts[0]:
+        if (rel, name) != (s.file, parts[0]):
             method = next((n for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
                            and n.name == parts[1]), None)
             if method is not None and ast.get_docstring(method):
                 return ast.get_docstring(method)
-        todo += [ast.unparse(b) for b in cls.bases]
+        todo += [(rel, ast.unparse(b)) for b in cls.bases if (rel, ast.unparse(b)) not in seen]
+        seen.update((rel, ast.unparse(b)) for b in cls.bases)
     return ""
+
+
+def _module(ck: Checkpoint, rel: str) -> ast.Module | None:
+    path = ck.path / rel
+    return ast.parse(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+def _imported_from(tree: ast.Module | None, rel: str, name: str) -> str | None:
+    """name 是从检查点里哪个模块 import 的（相对路径，不带 .py）；不是从检查点里 import 的时 None。"""
+    for node in getattr(tree, "body", []):
+        if isinstance(node, ast.ImportFrom) and any(a.name == name for a in node.names):
+            if node.level:
+                base = "/".join(rel.split("/")[:-node.level])
+                mod = "/".join(filter(None, [base, *(node.module or "").split(".")]))
+            elif (node.module or "").startswith("minisgl"):
+                mod = node.module.replace(".", "/")
+            else:
+                return None
+            return mod
+    return None
 
 
 def table_code(text: str) -> str:
