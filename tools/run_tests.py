@@ -151,7 +151,8 @@ def _prepare_real() -> None:
 
 def _one_checkpoint(args, pytest: list[str], env: dict) -> int:
     """一个检查点分几个进程，同时起：本章的任务优先、它的进度表一出来就打印；给定代码自己的测试、前面各章的测试
-    （回归）和真权重一档调低了优先级，用它空出来的 CPU；本章的任务没全过时真权重一档停下（_stop）。--own 只跑本章的任务；--task K 只跑本章任务 K（真权重一档
+    （回归）和真权重一档调低了优先级，用它空出来的 CPU；本章的任务没全过时真权重一档停下（_stop）。
+    --own 只跑本章的任务；--task K 只跑本章任务 K（真权重一档
     只在 --real 且任务 K 含它时）。"""
     ck = find_checkpoint(args.checkpoint, args.as_chapter)
     base = pytest + ["--checkpoint", args.checkpoint] + (["--as", args.as_chapter] if args.as_chapter else [])
