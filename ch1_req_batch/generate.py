@@ -89,12 +89,15 @@ def generate(model: ModuleType, prompt_ids: list[list[int]], n: int
 
 
 def main(argv: list[str] | None = None) -> None:
+    """命令行入口（契约见"怎么跑测试"）：不带 --json 时每个提示词一行 repr(提示词) -> 生成的文本，最后一行是 tokens/s；
+    --json 时最后一行是 {"outputs": [[token id, ...], ...]}（按提示词顺序）；--dump-logits FILE 把每个提示词每一步的
+    logits 存成 safetensors，键 p0、p1 …，形状 (生成的 token 数, vocab)。用错的参数：stderr 一行 错误：…，非 0 退出。"""
     args = parse_args(argv)
     tok = AutoTokenizer.from_pretrained(args.model)
     prompt_ids = [tok(p).input_ids for p in args.prompt]
     for p, ids in zip(args.prompt, prompt_ids):
         if not ids:
-            raise SystemExit(f"错误：--prompt {p!r} 分词后一个 token 也没有，没法生成")
+            raise SystemExit(f"错误：--prompt {p!r} 被分词器编码成了 0 个 token：提示词至少要有一个 token")
     try:
         model.load(args.model)
     except ValueError as e:  # 坏权重（比如整数张量）：一行说清楚是哪个张量，不打印回溯

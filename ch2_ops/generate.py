@@ -94,12 +94,15 @@ def generate(model: Qwen3ForCausalLM, prompt_ids: list[list[int]], n: int
 
 
 def main(argv: list[str] | None = None) -> None:
+    """命令行入口（契约见"怎么跑测试"）：不带 --json 时每个提示词一行 repr(提示词) -> 生成的文本，最后一行是 tokens/s；
+    --json 时最后一行是 {"outputs": [[token id, ...], ...]}（按提示词顺序）；--dump-logits FILE 把每个提示词每一步的
+    logits 存成 safetensors，键 p0、p1 …，形状 (生成的 token 数, vocab)。用错的参数：stderr 一行 错误：…，非 0 退出。"""
     args = parse_args(argv)
     tok = AutoTokenizer.from_pretrained(args.model)
     prompt_ids = [tok(p).input_ids for p in args.prompt]
     for p, ids in zip(args.prompt, prompt_ids):
         if not ids:
-            raise SystemExit(f"错误：--prompt {p!r} 分词后一个 token 也没有，没法生成")
+            raise SystemExit(f"错误：--prompt {p!r} 被分词器编码成了 0 个 token：提示词至少要有一个 token")
     set_tp_info(0, 1)
     ctx = Context(page_size=args.page_size)
     set_global_ctx(ctx)

@@ -87,7 +87,10 @@ def allocate(req: Req, slots: Slots) -> None:
 
 
 def step(model: BaseLLMModel, reqs: list[Req], phase: str, slots: Slots) -> tuple[list[int], torch.Tensor]:
-    """调用方这一边：把 batch 的字段填好（阶段二由调度器来做），前向，再把新 token 写回每个请求。"""
+    """调用方这一边（阶段二由调度器来做）：先给每个请求 allocate(req, slots) 配页，再填 batch：positions、
+    out_loc = page_table[行, positions]、input_ids = slots.token_pool[行, positions]（不读 Req.input_ids）；
+    前向之后把新 token 接到每个请求后面，并写进 slots.token_pool[table_idx, device_len - 1]。
+    返回 (token 列表, logits)。"""
     ctx = get_global_ctx()
     batch = Batch(reqs=reqs, phase=phase)
     batch.padded_reqs = reqs
@@ -106,7 +109,8 @@ def step(model: BaseLLMModel, reqs: list[Req], phase: str, slots: Slots) -> tupl
 
 def generate(model: BaseLLMModel, prompt_ids: list[list[int]], n: int, slots: Slots
              ) -> tuple[list[list[int]], list[torch.Tensor]]:
-    """所有请求一起 prefill，再一起 decode n-1 步。返回每个请求的 n 个 token 和每一步的 logits。"""
+    """建 Req（table_idx = uid = 提示词下标），先把每个提示词写进 slots.token_pool[table_idx, :len(提示词)]，
+    再所有请求一起 prefill、一起 decode n-1 步（每一步是 step）。返回每个请求的 n 个 token 和每一步的 logits。"""
     reqs = [Req(input_ids=torch.tensor(ids, dtype=torch.int32), table_idx=i, cached_len=0, output_len=n, uid=i,
                 sampling_params=SamplingParams(max_tokens=n), cache_handle=None) for i, ids in enumerate(prompt_ids)]
     for r in reqs:
@@ -136,6 +140,9 @@ def check_request_sizes(args: argparse.Namespace, prompt_ids: list[list[int]]) -
 
 
 def main(argv: list[str] | None = None) -> None:
+    """命令行入口（契约见"怎么跑测试"）：不带 --json 时每个提示词一行 repr(提示词) -> 生成的文本，最后一行是 tokens/s；
+    --json 时最后一行是 {"outputs": [[token id, ...], ...]}（按提示词顺序）；--dump-logits FILE 把每个提示词每一步的
+    logits 存成 safetensors，键 p0、p1 …，形状 (生成的 token 数, vocab)。用错的参数：stderr 一行 错误：…，非 0 退出。"""
     args = parse_args(argv)
     try:
         tok = load_tokenizer(args.model)

@@ -23,6 +23,7 @@ cfg: dict = {}
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x / sqrt(mean(x²) + eps) * w，在最后一维上归一化。"""
     return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + cfg["rms_norm_eps"]))
 
 
@@ -39,6 +40,7 @@ def rope(x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
 
 # --8<-- [start:attention]
 def attention(i: int, x: torch.Tensor, pos: torch.Tensor, kv: list) -> torch.Tensor:
+    """第 i 层注意力块：x (T, hidden) -> (T, hidden)。新的 K/V 接到 kv[i] 后面，再和全部历史算因果注意力。"""
     p = f"model.layers.{i}.self_attn."
     T, H, KV, D = x.shape[0], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
     q = (x @ W[p + "q_proj.weight"].T).view(T, H, D)
@@ -73,6 +75,7 @@ def forward(ids: torch.Tensor, pos: torch.Tensor, kv: list) -> torch.Tensor:
 
 
 def main() -> None:
+    """命令行入口：打印 repr(提示词) -> 生成的文本，最后一行 tokens/s；--json、--dump-logits 见第 0 步正文。"""
     ap = argparse.ArgumentParser(description="第 0 步：朴素的 Qwen3 贪心生成")
     ap.add_argument("--model", default="models/Qwen3-0.6B", help="Hugging Face 格式的模型目录")
     ap.add_argument("--prompt", action="append", help="可以给多次；默认一个英文句子")

@@ -3,6 +3,7 @@
     pytest tests                              # 仓库级测试：清单与逐字节继承、小模型工具、测试框架自检
     pytest tests --checkpoint ch3             # 一个检查点：和 HF 逐 token 对齐 + 第 1~3 章的测试（累积）
     pytest tests --checkpoint my_ch3 --as ch3 # 读者自己的目录，按第 3 章的要求测
+    pytest tests --checkpoint my_ch3 --as ch3 --task 2   # 只跑第 3 章任务 2 的测试（tests/tasks.toml 归的那一份）
     pytest tests --checkpoint ch6 --real      # 另加真权重一档（models/Qwen3-0.6B 或 models/SmolLM2-135M）
 
 全部检查点一起：python -m tools.run_tests
@@ -29,6 +30,8 @@ def pytest_addoption(parser):
     parser.addoption("--as", dest="as_chapter", help="给读者自己的目录：按哪一章（step0、ch1…ch6）的要求测试")
     parser.addoption("--real", action="store_true", default=os.environ.get("MINISGL_REAL") == "1",
                      help="另跑真权重一档（models/Qwen3-0.6B，没有就 models/SmolLM2-135M；MINISGL_MODEL 可指定）")
+    parser.addoption("--task", type=int, help="只跑所测这一章的任务 K 的测试（按 tests/tasks.toml 归类，"
+                     "不按测试名里的 taskK；和 course.py check --task K 同一份）")
 
 
 def pytest_configure(config):
@@ -37,6 +40,18 @@ def pytest_configure(config):
     if spec:
         _SELECTED = find_checkpoint(spec, config.getoption("as_chapter"))
         sys.path.insert(0, str(_SELECTED.path))  # import minisgl 得到的是这个检查点的包
+
+
+def pytest_collection_modifyitems(config, items):
+    """--task K：只留本章任务 K 的测试（归类见 tests/tasks.toml；-k taskK 只按名字挑，会漏掉名字里不带它的测试）。"""
+    task = config.getoption("task")
+    if task is None:
+        return
+    if _SELECTED is None:
+        raise pytest.UsageError("--task 要和 --checkpoint 一起用：任务号是按哪一章数的")
+    from tests.harness.progress import select_items
+
+    select_items(config, items, "own", str(task), _SELECTED.chapter)
 
 
 def pytest_report_header(config):

@@ -125,11 +125,47 @@ ECHO_NOTE = "表里的 {{…}} 不是照抄的字，是测试的输入在消息�
 SOURCE_NOTE = "> 这里是一张报错表，只在构建好的书里显示"
 
 
-def source_note(folder: str, page: str) -> str:
+def source_note(folder: str, page: str, task: int | None = None) -> str:
     """docs/chN.md 里每个 {{ errors(…) }} 下面紧跟的一行：在代码托管网站、编辑器里读原文件的人只看得到占位符，
-    这一行告诉他表在哪里。构建时它和占位符一起换成表（tools/mkdocs_hooks.py），书里不出现。"""
-    return (f"{SOURCE_NOTE}：在仓库根目录运行 `.venv/bin/mkdocs serve`，浏览器打开 http://127.0.0.1:8000/{page}/"
-            f" 就能看到（表由 `tests/{folder}/errors.toml` 生成）。")
+    这一行告诉他表在哪里：同一份清单生成、提交在仓库里的 tests/<folder>/errors.md（tables_file），或者构建好的书。
+    构建时它和占位符一起换成表（tools/mkdocs_hooks.py），书里不出现。"""
+    anchor = f"#任务-{task}" if task is not None else ""
+    return (f"{SOURCE_NOTE}；读原文件时看 [tests/{folder}/errors.md](../tests/{folder}/errors.md{anchor})"
+            f"（同一份清单 `tests/{folder}/errors.toml` 生成的同样的表），"
+            f"或者在仓库根目录运行 `.venv/bin/mkdocs serve`，"
+            f"浏览器打开 http://127.0.0.1:8000/{page}/ 。")
+
+
+def tables_file(folder: str) -> Path:
+    """提交在仓库里的报错表：给读原文件的人（页面上的占位符只在构建时换成表）。"""
+    return ROOT / "tests" / folder / "errors.md"
+
+
+def render_file(folder: str) -> str:
+    """tests/<folder>/errors.md 的内容：这一章每个任务一张表（命令行契约一张）。"""
+    from tools.manifest import load_tasks
+
+    head = [f"# {'命令行契约' if folder == 'checkpoint' else f'第 {chapter_of(folder)} 章'}的报错表", "",
+            f"由 `tests/{folder}/errors.toml` 生成（`python -m tools.error_cases` 重写；"
+            "`tests/repo/test_error_cases.py` 查它和清单一致），和书里页面上的表是同一份。测试查的就是这些片段。", ""]
+    if folder == "checkpoint":
+        return "\n".join(head + [render_table(folder), ""])
+    titles = {t.number: t.title for t in load_tasks().get(chapter_of(folder), [])}
+    tasks = sorted({c.task for c in load(folder).values()})
+    body = [f"## 任务 {k}\n\n{titles.get(k, '')}\n\n{render_table(folder, k)}\n" for k in tasks]
+    return "\n".join(head + body)
+
+
+def write_files() -> list[Path]:
+    """重写每一章的 tests/<folder>/errors.md；返回改了的文件。"""
+    changed = []
+    for folder in folders():
+        path, text = tables_file(folder), render_file(folder)
+        if not path.is_file() or path.read_text(encoding="utf-8") != text:
+            path.write_text(text, encoding="utf-8")
+            changed.append(path)
+    return changed
+
 
 
 def render_table(folder: str, task: int | None = None) -> str:
@@ -141,7 +177,7 @@ def render_table(folder: str, task: int | None = None) -> str:
     for c in rows:
         need = "、".join(render_fragment(c, f) for f in c.message) or "—"
         if c.words:
-            need += "（都是独立的词）"
+            need += "（每个都是独立的词：前后不能紧挨着英文字母、数字或 `_`）"
         if c.absent:
             need += "；不能有 " + "、".join(render_fragment(c, f) for f in c.absent)
         cells = [c.when, render_raises(c), need]
@@ -150,3 +186,8 @@ def render_table(folder: str, task: int | None = None) -> str:
     if shown:
         out += ["", ECHO_NOTE.format(example=shown[0])]
     return "\n".join(out)
+
+
+if __name__ == "__main__":
+    for p in write_files():
+        print(f"写了 {p.relative_to(ROOT)}")

@@ -1,9 +1,12 @@
-"""python course.py demo DIR：在读者自己的 minisgl 上跑本书的里程碑脚本（第 6 章给定的 examples/stage1_milestone.py）。
+"""python course.py demo DIR：在读者自己的 minisgl 上跑阶段一的里程碑脚本（第 6 章给定的
+examples/stage1_milestone.py）。
 
     python -m tools.own_demo DIR [脚本的参数 ...]
 
-先 import DIR 里的 minisgl，再运行脚本：脚本会把本书的检查点插到 sys.path 最前面，但包已经在 sys.modules 里，
-它的子模块都从 DIR/minisgl 里找，所以跑的是读者的引擎。读者的代码抛了异常：打印 traceback（它是读者要调的），
+脚本用 DIR 自己的那份（DIR/examples/stage1_milestone.py：python course.py start ch6 原样复制的给定文件）；
+DIR 里没有时退回本书第 6 章检查点里的那份。先 import DIR 里的 minisgl，再运行脚本：本书的那份会把本书的检查点
+插到 sys.path 最前面，但包已经在 sys.modules 里，它的子模块都从 DIR/minisgl 里找，所以跑的还是读者的引擎。
+读者的代码抛了异常：打印 traceback（它是读者要调的），
 最后一行说出错的文件、行和它属于哪一章的哪个任务——运行时在函数里出错、import 时在模块顶层出错（含语法错误）都一样。
 """
 
@@ -104,23 +107,32 @@ def whose_task(dest: Path, error: BaseException) -> str | None:
     return f"出错的是 {raised}：它不属于任何任务的桩（是你自己加的函数吗？）"
 
 
+def milestone_script(dest: Path) -> Path | None:
+    """DIR 自己的里程碑脚本（start ch6 复制的给定文件），没有就用本书的；两份都不在时 None。"""
+    own = dest / "examples" / "stage1_milestone.py"
+    return own if own.is_file() else SCRIPT if SCRIPT.is_file() else None
+
+
 def main(argv: list[str]) -> int:
     dest = Path(argv[0]).resolve()
-    if not SCRIPT.is_file():  # 里程碑脚本是书里给的，不在读者的目录里
-        print(f"错误：里程碑脚本 {SCRIPT} 不见了：它是第 6 章检查点里给的文件（demo DIR 拿它跑你的引擎），"
-              "用 git checkout -- ch6_engine_sampler 找回来", file=sys.stderr, flush=True)
+    script = milestone_script(dest)
+    if script is None:  # 里程碑脚本是给定的文件：读者的目录里、书的检查点里都没有
+        print(f"错误：里程碑脚本不见了：{dest.name}/examples/stage1_milestone.py 和本书的 {SCRIPT} 都没有"
+              "（它是第 6 章给定的文件：python course.py start ch6 会复制一份；书里的那份用 "
+              "git checkout -- ch6_engine_sampler 找回来）", file=sys.stderr, flush=True)
         return 1
+    print(f"里程碑脚本：{script}", flush=True)
     sys.path.insert(0, str(dest))
-    sys.argv = [str(SCRIPT), *argv[1:]]
+    sys.argv = [str(script), *argv[1:]]
     try:
         import minisgl  # noqa: F401  先占住包名：之后 from minisgl.x import … 都从 DIR 里找
 
-        runpy.run_path(str(SCRIPT), run_name="__main__")
+        runpy.run_path(str(script), run_name="__main__")
     except (SystemExit, KeyboardInterrupt):
         raise
     except BaseException as e:
         tb = e.__traceback__
-        while tb is not None and Path(tb.tb_frame.f_code.co_filename).resolve() != SCRIPT:
+        while tb is not None and Path(tb.tb_frame.f_code.co_filename).resolve() != script.resolve():
             tb = tb.tb_next  # 从脚本开始打印：runpy 和这里的帧与读者无关
         traceback.print_exception(type(e), e, tb or e.__traceback__)
         line = whose_task(dest, e)

@@ -34,6 +34,12 @@ from tools.task_table import progress_table
 SITE_TEST = "tests/repo/test_site.py"
 COUNT = re.compile(r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed)")
 SKIP = re.compile(r"^SKIPPED \[(\d+)\] [^:]+:\d+: (.*)$", re.M)  # pytest -rs 的一行：SKIPPED [个数] 文件:行: 理由
+# 一个检查点分几份同时跑时各份的 nice：本章的任务 0（进度表先出来）；真权重一档是最长的一条链（几个大子进程、
+# 再一次真模型生成），比给定代码、回归这些短测试先拿到 CPU，最后才不会只剩它独自跑、另一个核闲着
+NICE = {"真权重一档": 5}
+NICE_REST = 10
+_STARTED: dict[str, subprocess.Popen] = {}  # 名字 -> 这一份的 pytest 进程（停掉真权重一档时用）
+_STOPPED: set[str] = set()
 DETAILS_CAP = 20000  # 失败细节一共最多打印这么多字符：开头（最先失败的测试）加结尾（pytest 的简短汇总）
 
 
@@ -44,11 +50,35 @@ def _job(name: str, cmd: list[str], env: dict, nice: int = 0) -> tuple[str, int,
         progress = Path(d) / "progress.json"
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 env=dict(env, MINISGL_PROGRESS=str(progress)))
+        _STARTED[name] = proc
         if nice and hasattr(os, "setpriority"):
             os.setpriority(os.PRIO_PROCESS, proc.pid, nice)
         out, err = proc.communicate()
         results = json.loads(progress.read_text(encoding="utf-8")) if progress.exists() else {}
     return name, proc.returncode, out + err, time.perf_counter() - t0, results
+
+
+def _stop(name: str) -> None:
+    """停掉还在跑的一份：它的 pytest 进程和它起的全部子孙进程（Linux 上读 /proc 找），不留进程。"""
+    proc = _STARTED.get(name)
+    if proc is None or proc.poll() is not None:
+        return
+    _STOPPED.add(name)
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            children.setdefault(int(stat.read_text().rsplit(")", 1)[1].split()[1]), []).append(int(stat.parent.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    todo, tree = [proc.pid], []
+    while todo:
+        tree.append(todo.pop())
+        todo += children.get(tree[-1], [])
+    for pid in tree:
+        try:
+            os.kill(pid, 9)
+        except OSError:
+            pass
 
 
 def capped(out: str, cap: int) -> str:
@@ -121,7 +151,8 @@ def _prepare_real() -> None:
 
 def _one_checkpoint(args, pytest: list[str], env: dict) -> int:
     """一个检查点分几个进程，同时起：本章的任务优先、它的进度表一出来就打印；给定代码自己的测试、前面各章的测试
-    （回归）和真权重一档调低了优先级，用它空出来的 CPU。--own 只跑本章的任务；--task K 只跑本章任务 K（真权重一档
+    （回归）和真权重一档调低了优先级，用它空出来的 CPU；本章的任务没全过时真权重一档停下（_stop）。
+    --own 只跑本章的任务；--task K 只跑本章任务 K（真权重一档
     只在 --real 且任务 K 含它时）。"""
     ck = find_checkpoint(args.checkpoint, args.as_chapter)
     base = pytest + ["--checkpoint", args.checkpoint] + (["--as", args.as_chapter] if args.as_chapter else [])
@@ -138,6 +169,9 @@ def _one_checkpoint(args, pytest: list[str], env: dict) -> int:
     merged: dict = {}
 
     def first_table(name, results):
+        bad = not results or any(r["outcome"] in ("failed", "error") for r in results.values())
+        if name == "本章的任务" and bad and not args.task:  # 本章的任务没全过：真模型上再跑一遍说不出新东西
+            _stop("真权重一档")
         if name == "本章的任务":
             table, _ = progress_table(results, ck.chapter, only_task=args.task)
             only = f"，只跑任务 {args.task}" if args.task else "，只跑本章的任务" if args.own else ""
@@ -192,9 +226,12 @@ def _run(jobs, env: dict, n_jobs: int, on_done=None, empty_ok: bool = False, nic
     passed = failed = 0
     details = []
     with ThreadPoolExecutor(n_jobs) as pool:
-        runs = pool.map(lambda i: _job(jobs[i][0], jobs[i][1], dict(env, **jobs[i][2]), 10 if nice_rest and i else 0),
-                        range(len(jobs)))
+        runs = pool.map(lambda i: _job(jobs[i][0], jobs[i][1], dict(env, **jobs[i][2]),
+                                       NICE.get(jobs[i][0], NICE_REST) if nice_rest and i else 0), range(len(jobs)))
         for name, rc, out, secs, results in runs:
+            if name in _STOPPED:
+                print(f"停下  {name}：本章的任务还没全过，先不跑它（全过了再 check，它才跑完）", flush=True)
+                continue
             last = out.strip().splitlines()[-1] if out.strip() else ""
             counts = {k.rstrip("s"): int(n) for n, k in COUNT.findall(last)}
             p, f = counts.get("passed", 0), counts.get("failed", 0) + counts.get("error", 0)

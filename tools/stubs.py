@@ -163,6 +163,57 @@ def _signature(s: Stub) -> str:
     return f"{name}({args}){ret}"
 
 
+def _inherited_doc(ck: Checkpoint, s: Stub) -> str:
+    """函数自己没有 docstring 时，接口表的"说明"借一句：构造函数借类的 docstring；方法借基类（同一文件里的，
+    或者从检查点里别的模块 import 进来的）的同名方法。"""
+    parts = s.qualname.split(".")
+    if len(parts) != 2:
+        return ""
+    todo, seen = [(s.file, parts[0])], set()
+    while todo:
+        rel, name = todo.pop(0)
+        tree = _module(ck, rel)
+        cls = next((n for n in getattr(tree, "body", []) if isinstance(n, ast.ClassDef) and n.name == name), None)
+        if cls is None:  # 从别的模块 import 进来的基类：from .base import X / from minisgl.x import X
+            mod = _imported_from(tree, rel, name)
+            files = (f"{mod}.py", f"{mod}/__init__.py") if mod else ()
+            where = next((c for c in files if (ck.path / c).is_file()), None)
+            if where and (where, name) not in seen:
+                seen.add((where, name))
+                todo.append((where, name))
+            continue
+        if parts[1] == "__init__":
+            return ast.get_docstring(cls) or ""
+        if (rel, name) != (s.file, parts[0]):
+            method = next((n for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                           and n.name == parts[1]), None)
+            if method is not None and ast.get_docstring(method):
+                return ast.get_docstring(method)
+        todo += [(rel, ast.unparse(b)) for b in cls.bases if (rel, ast.unparse(b)) not in seen]
+        seen.update((rel, ast.unparse(b)) for b in cls.bases)
+    return ""
+
+
+def _module(ck: Checkpoint, rel: str) -> ast.Module | None:
+    path = ck.path / rel
+    return ast.parse(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+def _imported_from(tree: ast.Module | None, rel: str, name: str) -> str | None:
+    """name 是从检查点里哪个模块 import 的（相对路径，不带 .py）；不是从检查点里 import 的时 None。"""
+    for node in getattr(tree, "body", []):
+        if isinstance(node, ast.ImportFrom) and any(a.name == name for a in node.names):
+            if node.level:
+                base = "/".join(rel.split("/")[:-node.level])
+                mod = "/".join(filter(None, [base, *(node.module or "").split(".")]))
+            elif (node.module or "").startswith("minisgl"):
+                mod = node.module.replace(".", "/")
+            else:
+                return None
+            return mod
+    return None
+
+
 def table_code(text: str) -> str:
     """表格单元格里的行内代码。类型注解里的 | 在反引号里转义不了（会显示成 \\|）：写成 <code>，| 用实体。"""
     if "|" not in text:
@@ -178,7 +229,7 @@ def interface_table(ck: Checkpoint) -> str:
         if any(part.startswith("_") and part != "__init__" for part in s.qualname.split(".")):
             private.append(f"`{s.qualname}`（任务 {task}）")
             continue
-        doc = (ast.get_docstring(s.node) or "").strip().splitlines()
+        doc = (ast.get_docstring(s.node) or _inherited_doc(ck, s)).strip().splitlines()
         line = (doc[0] if doc else "").replace("|", "\\|")
         rows.append(f"| {task} | `{s.file}` | {table_code(_signature(s))} | {line} |")
     if private:  # 内部函数不进表，但也是桩：点名，免得读者以为只写表里的就够

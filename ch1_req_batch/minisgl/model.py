@@ -21,6 +21,7 @@ cfg: dict = {}
 
 
 def load(path: str) -> None:
+    """读 path 下的 config.json 和全部 *.safetensors，填进 cfg 和 W（转成 fp32）；整数张量抛 ValueError。"""
     files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
     if not files:
         raise FileNotFoundError(f"{path} 里没有 *.safetensors 文件")
@@ -56,6 +57,8 @@ def rope(x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
 
 
 def attention(i: int, x: torch.Tensor) -> torch.Tensor:
+    """第 i 层注意力块：x (N, hidden) -> (N, hidden)。位置从 ctx.batch.positions 读，
+    和历史算注意力交给 naive_attention。"""
     p = f"model.layers.{i}.self_attn."
     N, H, KV, D = x.shape[0], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
     pos = get_global_ctx().batch.positions

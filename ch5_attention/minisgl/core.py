@@ -40,6 +40,7 @@ class SamplingParams:
 
     @property
     def is_greedy(self) -> bool:
+        """(temperature 为 0 或 top_k 为 1) 且 top_p 为 1：采样器直接取 argmax。"""
         return (self.temperature <= 0.0 or self.top_k == 1) and self.top_p == 1.0
 
 
@@ -50,6 +51,9 @@ class Req:
     - cached_len：位置 [0, cached_len) 的 KV 已经在缓存里；
     - device_len：已经存在的 token 数；这次前向要为 [cached_len, device_len) 写 KV；
     - max_device_len：提示词长度 + 最多生成的 token 数，device_len 的上限。
+
+    device_len、max_device_len 不是构造参数（不是 dataclass 字段）：__post_init__ 里由 len(input_ids) 和
+    len(input_ids) + output_len 算出来，存成普通属性。
     """
 
     input_ids: torch.Tensor  # CPU 上的 int32 一维张量，随 append_host 变长
@@ -76,10 +80,12 @@ class Req:
 
     @property
     def remain_len(self) -> int:
+        """还能再生成几个 token：max_device_len - device_len。"""
         return self.max_device_len - self.device_len
 
     @property
     def can_decode(self) -> bool:
+        """remain_len > 0：还能再前向一次。"""
         return self.remain_len > 0
 
     def complete_one(self) -> None:
@@ -109,18 +115,22 @@ class Batch:
 
     @property
     def is_prefill(self) -> bool:
+        """phase == "prefill"。"""
         return self.phase == "prefill"
 
     @property
     def is_decode(self) -> bool:
+        """phase == "decode"。"""
         return self.phase == "decode"
 
     @property
     def size(self) -> int:
+        """真实请求数 len(reqs)，不含凑批的假请求。"""
         return len(self.reqs)
 
     @property
     def padded_size(self) -> int:
+        """len(padded_reqs)：凑批之后的请求数（第 6 章起可能比 size 大）。"""
         return len(self.padded_reqs)
 
 
@@ -138,12 +148,14 @@ class Context:
 
     @property
     def batch(self) -> Batch:
+        """当前正在前向的 batch：只在 with forward_batch(batch) 里面能读，别处读抛 RuntimeError。"""
         if self._batch is None:
             raise RuntimeError("当前没有正在前向的 batch：只能在 ctx.forward_batch(batch) 里面读 ctx.batch")
         return self._batch
 
     @contextmanager
     def forward_batch(self, batch: Batch) -> Iterator[None]:
+        """with 块里 ctx.batch 就是 batch；不能嵌套（RuntimeError），出块时哪怕抛了异常也把它清掉。"""
         if self._batch is not None:
             raise RuntimeError("ctx.forward_batch 不能嵌套：上一个 batch 的前向还没结束")
         self._batch = batch
@@ -157,6 +169,7 @@ _GLOBAL_CTX: Context | None = None
 
 
 def set_global_ctx(ctx: Context) -> None:
+    """设置全局 Context；只能设一次（要换先 reset_global_ctx()），再设抛 RuntimeError。"""
     global _GLOBAL_CTX
     if _GLOBAL_CTX is not None:
         raise RuntimeError("全局 Context 已经设置过了；要换一个先调用 reset_global_ctx()")
@@ -164,6 +177,7 @@ def set_global_ctx(ctx: Context) -> None:
 
 
 def get_global_ctx() -> Context:
+    """取全局 Context；还没设置（或已 reset）时抛 RuntimeError。"""
     if _GLOBAL_CTX is None:
         raise RuntimeError("全局 Context 还没有设置：先 set_global_ctx(Context(page_size))")
     return _GLOBAL_CTX

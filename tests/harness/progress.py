@@ -89,10 +89,16 @@ def _select(config, items):
     select, task = os.environ.get("MINISGL_SELECT"), os.environ.get("MINISGL_TASK")
     if not select and not task:
         return
+    select_items(config, items, select, task, int(os.environ.get("MINISGL_CHAPTER", "0")))
+
+
+def select_items(config, items, select: str | None, task: str | None, chapter: int) -> None:
+    """按 select（own / given / regress / real）和任务号 task 挑测试，其余的报成 deselected。
+    pytest 的 --task K（tests/conftest.py）也走这里：和 check --task K 挑出同一份。"""
     from tools.manifest import is_given_test
     from tools.task_table import chapter_of_test, load_tasks, task_of_test
 
-    chapter, all_tasks = int(os.environ.get("MINISGL_CHAPTER", "0")), load_tasks()
+    all_tasks = load_tasks()
 
     def keep(nodeid: str) -> bool:
         real = nodeid.startswith("tests/real/")

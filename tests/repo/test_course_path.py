@@ -174,6 +174,8 @@ def test_the_scripted_learner_goes_the_whole_path(path):
     _ok(demo, "demo my_ch6")
     lines = demo.stdout.strip().splitlines()
     assert lines[0] == "你的引擎：my_ch6", lines[:3]
+    script = path.base / "my_ch6" / "examples" / "stage1_milestone.py"  # my_ch6 自己的那份（start 复制的给定文件）
+    assert lines[1] == f"里程碑脚本：{script.resolve()}", lines[:3]
     verdicts = [line for line in lines if "与 HF 一致" in line]
     assert len(verdicts) == 4 and all(v.rstrip().endswith("True") for v in verdicts), "\n".join(lines)
     assert lines[-1].startswith("单独跑") and lines[-1].endswith("True"), lines[-1]
@@ -287,8 +289,29 @@ def test_whose_task_names_errors_raised_while_importing(kind, tmp_path):
     assert ("_mine" in said) == (kind == "helper_at_import"), said  # 异常抛在哪里也说
 
 
+def test_demo_runs_the_folders_own_milestone_script(tmp_path, monkeypatch, capsys):
+    """demo DIR 跑 DIR 自己的 examples/stage1_milestone.py（start ch6 复制的给定文件），不是书里的那份。"""
+    from tools import own_demo
+
+    for d in ("examples", "minisgl"):
+        (tmp_path / d).mkdir()
+    (tmp_path / "minisgl" / "__init__.py").write_text("")
+    (tmp_path / "examples" / "stage1_milestone.py").write_text("import sys\nprint('own', sys.argv[1:])\n")
+    monkeypatch.setattr(sys, "path", list(sys.path))  # main 改 sys.path、sys.argv 并 import minisgl：测完还原
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    ours = lambda: [k for k in sys.modules if k == "minisgl" or k.startswith("minisgl.")]  # noqa: E731
+    for k in ours():  # 别的测试 import 过的 minisgl 先拿开（测完由 monkeypatch 放回）
+        monkeypatch.delitem(sys.modules, k)
+    try:
+        assert own_demo.main([str(tmp_path), "--page-size", "4"]) == 0
+    finally:
+        for k in ours():
+            sys.modules.pop(k)
+    assert "own ['--page-size', '4']" in capsys.readouterr().out
+
+
 def test_demo_without_the_books_milestone_script_says_one_line(tmp_path, monkeypatch, capsys):
-    """demo DIR 跑的是书里第 6 章检查点的里程碑脚本：它不见了（被删、没克隆全）时说一行，不是 traceback。"""
+    """DIR 里没有里程碑脚本时退回书里第 6 章检查点的那份：它也不见了（被删、没克隆全）时说一行，不是 traceback。"""
     from tools import own_demo
 
     monkeypatch.setattr(own_demo, "SCRIPT", tmp_path / "gone" / "stage1_milestone.py")

@@ -146,12 +146,24 @@ def test_a_chapter_page_read_raw_says_where_each_table_is():
         marks = [(i, m) for i, line in enumerate(lines) if (m := MARKER.search(line))]
         assert marks, f"{page.name} 没有报错表"
         for i, m in marks:
-            note = error_cases.source_note(m.group(1), page.stem)
+            note = error_cases.source_note(m.group(1), page.stem, int(m.group(2)) if m.group(2) else None)
             assert lines[i + 1:i + 2] == [note], f"{page.name}:{i + 2} 要是这一行：{note}"
             assert "mkdocs serve" in note and f"/{page.stem}/" in note
+            target = page.parent / note.split("](", 1)[1].split(")", 1)[0].split("#")[0]
+            assert target.resolve() == error_cases.tables_file(m.group(1)), note
         rendered = render_errors("\n".join(lines))
         assert not MARKER.search(rendered) and error_cases.SOURCE_NOTE not in rendered, page.name
         assert rendered.count("| 情形 | 异常 | 消息里要有 |") == len(marks), page.name
+
+
+@pytest.mark.parametrize("folder", error_cases.folders())
+def test_the_committed_tables_match_the_lists(folder):
+    """tests/<folder>/errors.md（读原文件的人看的表）和清单一致；过时了就重写：python -m tools.error_cases。"""
+    path = error_cases.tables_file(folder)
+    assert path.is_file() and path.read_text(encoding="utf-8") == error_cases.render_file(folder), \
+        f"{path.relative_to(ROOT)} 和 tests/{folder}/errors.toml 不一致：运行 python -m tools.error_cases 重写"
+    for c in error_cases.load(folder).values():
+        assert c.when.replace("|", "\\|") in path.read_text(encoding="utf-8"), c.id
 
 
 # ---------------------------------------------------------------- 自检：这些检查能失败

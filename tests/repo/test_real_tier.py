@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -160,3 +161,32 @@ def test_book_falls_back_to_tiny_model_and_says_why(monkeypatch, tiny_models):
         mkdocs_hooks.book_model.cache_clear()
     assert block.startswith('!!! note "这次构建没有真模型') and "连不上 PyPI" in block, block
     assert str(tiny_models["qwen3-tied"]) in block, block
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="找子孙进程要读 /proc（Linux）")
+def test_check_stops_the_real_tier_with_its_children_when_the_own_tasks_fail():
+    """check 里本章的任务没全过时，真权重一档连同它起的子进程一起停掉（tools/run_tests.py 的 _stop），不留进程。"""
+    from tools import run_tests
+
+    code = ("import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']);"
+            " print(c.pid, flush=True); time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    grandchild = int(proc.stdout.readline())
+    run_tests._STARTED["真权重一档"] = proc
+    try:
+        run_tests._stop("真权重一档")
+        proc.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{grandchild}").exists() and time.monotonic() < deadline:
+            stat = Path(f"/proc/{grandchild}/stat").read_text() if Path(f"/proc/{grandchild}/stat").exists() else ""
+            if ") Z " in stat:  # 已经死了，只等父进程收尸
+                break
+            time.sleep(0.1)
+        assert "真权重一档" in run_tests._STOPPED
+        stat = Path(f"/proc/{grandchild}/stat")
+        assert not stat.exists() or ") Z " in stat.read_text(), "孙进程还活着"
+    finally:
+        run_tests._STARTED.pop("真权重一档", None)
+        run_tests._STOPPED.discard("真权重一档")
+        if proc.poll() is None:
+            proc.kill()

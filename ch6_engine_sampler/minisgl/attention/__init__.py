@@ -21,7 +21,8 @@ SUPPORTED_ATTENTION_BACKENDS: Dict[str, BackendCreator] = {
 
 
 def validate_attn_backend(backend: str, allow_auto: bool = True) -> str:
-    """名字认识、要 GPU 的后端确实有 GPU。和官方一样由 create_attention_backend 在建后端之前调用，只查这一次。"""
+    """名字认识、要 GPU 的后端确实有 GPU。和官方一样由 create_attention_backend 在建后端之前调用，只查这一次。
+    allow_auto=True 时 "auto" 原样放行（还没定下来，留给引擎定）；False 时它和不认识的名字一样抛 ValueError。"""
     names = backend.split(",")
     if backend == "auto" and allow_auto:
         return backend

@@ -31,6 +31,7 @@ def require_gpu(name: str) -> None:
 
 
 def create_gpu_backend(name: str, config: ModelConfig) -> BaseAttnBackend:
+    """"fi" / "fa" 后端：阶段一没有实现，有 GPU 时也只抛一句 NotImplementedError，指向官方的实现。"""
     title = _NEEDS[name][1]
     raise NotImplementedError(f"阶段一只实现了 'torch' 后端；{title} 后端见官方 mini-sglang 的 "
                               f"python/minisgl/attention/{name}.py")

@@ -47,6 +47,8 @@ def _cumsum(lengths: List[int]) -> List[int]:
 
 
 class TorchBackend(BaseAttnBackend):
+    """纯 PyTorch 的注意力后端：按槽位从 KV 池取历史（prefill 逐个请求，decode 整批一次 SDPA）。
+    构造时读 ctx.kv_cache。"""
     def __init__(self, config: ModelConfig) -> None:
         tp = get_tp_info().size
         self.kvcache = get_global_ctx().kv_cache  # 所以要先设好 ctx.kv_cache，再建后端

@@ -55,10 +55,12 @@ class EngineConfig:
 
     @cached_property
     def hf_config(self) -> PretrainedConfig:
+        """load_hf_config(model_path)，缓存；目录、config.json 哪里不对就说哪里。"""
         return load_hf_config(self.model_path)  # 目录、config.json、结构、必需字段：哪里不对说哪里
 
     @cached_property
     def model_config(self) -> ModelConfig:
+        """ModelConfig.from_hf(hf_config)，缓存：整个模型的头数、层数（check_tp 读它）。"""
         return ModelConfig.from_hf(self.hf_config)
 
     @property
@@ -70,11 +72,14 @@ class EngineConfig:
 
     @property
     def max_seq_len(self) -> int:
+        """max_seq_len_override，没给时取模型的 max_position_embeddings。"""
         return self.max_seq_len_override or self.model_config.rotary_config.max_position
 
     # --8<-- [start:check_tp]
     def check_tp(self) -> None:
-        """按 tp_info.size 切得开这个模型吗？切不开就说出是哪一项。词表不必整除：最后一份补 0（第 2 章）。"""
+        """按 tp_info.size 切得开这个模型吗？切不开就在一条 ValueError 里说出切不开的每一项（不只第一项）。
+        读 self.model_config（num_qo_heads、num_kv_heads、intermediate_size），报错用 HF 的字段名。
+        词表不必整除：最后一份补 0（第 2 章）。"""
         tp, mc = self.tp_info.size, self.model_config
         bad = [f"num_attention_heads={mc.num_qo_heads}"] if mc.num_qo_heads % tp else []
         if (mc.num_kv_heads % tp if tp <= mc.num_kv_heads else tp % mc.num_kv_heads):

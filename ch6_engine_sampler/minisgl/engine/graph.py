@@ -16,6 +16,7 @@ from minisgl.core import Batch, Req
 
 
 class GraphRunner:
+    """CUDA 图的录制和重放。阶段一没有能录图的后端：pad_batch 不补假请求，replay 不会被调用。"""
     def __init__(self, device: torch.device, attn_backend: BaseAttnBackend, cuda_graph_bs: List[int] | None,
                  cuda_graph_max_bs: int | None, dummy_req: Req) -> None:
         self.dummy_req = dummy_req
@@ -33,6 +34,7 @@ class GraphRunner:
                                   "（或 cuda_graph_max_bs 设成 0）")
 
     def can_use_cuda_graph(self, batch: Batch) -> bool:
+        """decode，且真请求数不超过录好的最大 bs。"""
         return batch.is_decode and batch.size <= self.max_graph_bs
 
     def pad_batch(self, batch: Batch) -> None:
@@ -43,6 +45,7 @@ class GraphRunner:
         batch.padded_reqs = batch.reqs + [self.dummy_req] * (padded_size - batch.size)
 
     def replay(self, batch: Batch) -> torch.Tensor:
+        """重放录好的图；阶段一没有图，调到它就是 RuntimeError。"""
         raise RuntimeError("没有录好的 CUDA 图")
 
     def destroy_cuda_graphs(self) -> None:

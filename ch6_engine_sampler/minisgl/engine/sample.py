@@ -36,6 +36,7 @@ class Sampler:
     vocab_size: int
 
     def prepare(self, batch: Batch) -> BatchSamplingArgs:
+        """把 batch 里每个请求的采样参数排成张量；全是贪心时 temperatures=None（直接 argmax）。"""
         params = [r.sampling_params for r in batch.reqs]
         if all(p.is_greedy for p in params):
             return BatchSamplingArgs(temperatures=None)
@@ -64,6 +65,7 @@ class Sampler:
 
 def sample_impl(logits: torch.Tensor, temperatures: torch.Tensor, top_k: torch.Tensor | None,
                 top_p: torch.Tensor | None) -> torch.Tensor:
+    """非贪心的一批：softmax(logits / T) → 截 top-k → 重新归一化 → 截 top-p → multinomial，返回 (bs,) token id。"""
     probs = torch.softmax(logits / temperatures[:, None], dim=-1)
     if top_k is None and top_p is None:
         return torch.multinomial(probs, 1).squeeze(1)

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
 
 def create_kvcache_pool(model_config: ModelConfig, num_pages: int, page_size: int, dtype: torch.dtype,
                         device: torch.device) -> BaseKVCachePool:
+    """按 model_config 建 MHAKVCache：传整个模型的 num_kv_heads，按 TP 切由池自己做。"""
     return MHAKVCache(num_kv_heads=model_config.num_kv_heads, num_layers=model_config.num_layers,
                       head_dim=model_config.head_dim, num_pages=num_pages, page_size=page_size, dtype=dtype,
                       device=device)

@@ -17,6 +17,8 @@ from .base import BaseKVCachePool
 
 
 class MHAKVCache(BaseKVCachePool):
+    """num_kv_heads 是整个模型的 KV 头数：池自己按 get_tp_info().size 切出本 rank 的 local_kv_heads
+    （所以要先 set_tp_info）。"""
     def __init__(self, num_kv_heads: int, num_layers: int, head_dim: int, num_pages: int, page_size: int,
                  dtype: torch.dtype, device: torch.device) -> None:
         sizes = dict(num_kv_heads=num_kv_heads, num_layers=num_layers, head_dim=head_dim, num_pages=num_pages,
@@ -40,6 +42,7 @@ class MHAKVCache(BaseKVCachePool):
         return self._k_buffer[index]
 
     def v_cache(self, index: int) -> torch.Tensor:
+        """第 index 层的 V，分页的视图：(num_pages, page_size, H_kv, D)。"""
         return self._v_buffer[index]
 
     def store_kv(self, k: torch.Tensor, v: torch.Tensor, out_loc: torch.Tensor, layer_id: int) -> None:
@@ -53,12 +56,15 @@ class MHAKVCache(BaseKVCachePool):
 
     @property
     def device(self) -> torch.device:
+        """池所在的设备。"""
         return self._kv_buffer.device
 
     @property
     def dtype(self) -> torch.dtype:
+        """池里 K/V 的 dtype。"""
         return self._kv_buffer.dtype
 
     @property
     def num_layers(self) -> int:
+        """层数（池的第二维）。"""
         return self._kv_buffer.shape[1]

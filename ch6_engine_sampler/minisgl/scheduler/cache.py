@@ -23,6 +23,7 @@ class CacheManager:
 
     @property
     def available_size(self) -> int:
+        """还能放几个 token：空闲页数 × page_size。"""
         return len(self.free_slots) * self.page_size
 
     def allocate_paged(self, reqs: List[Req]) -> None:

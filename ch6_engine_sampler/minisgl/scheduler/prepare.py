@@ -53,7 +53,8 @@ def prepare_batch(engine: Engine, table: TableManager, cache: CacheManager, reqs
 
 
 def process_output(table: TableManager, cache: CacheManager, reqs: List[Req], out: ForwardOutput) -> List[int]:
-    """新 token 写进 token pool（下一步的 input_ids 从这里取）、接到每个请求后面；生成完的请求交还行和页。"""
+    """顺序：① 新 token 写进 token pool（还能 decode 的请求；下一步的 input_ids 从这里取）；② 等拷贝完成；
+    ③ 有 NAN_TOKEN 就报错（这时还没接、没交还）；④ 接到每个请求后面，生成完的请求交还页和行。返回 token 列表。"""
     live = [i for i, r in enumerate(reqs) if r.can_decode]
     if live:  # 一次写，不按请求各写一次
         device = table.token_pool.device

@@ -14,14 +14,17 @@ class TableManager:
 
     @property
     def available_size(self) -> int:
+        """还有几行空着（假请求的最后一行不算）。"""
         return len(self._free_slots)
 
     def allocate(self) -> int:
+        """拿一个空行的行号（从空闲列表尾部）；都在用时 RuntimeError，写出 max_running_req。"""
         if not self._free_slots:
             raise RuntimeError(f"page table 的行都在用：同时在跑的请求最多 max_running_req={self._max_running_reqs} 个")
         return self._free_slots.pop()
 
     def free(self, slot: int) -> None:
+        """还回一行；没分配过的行（或还了两次）抛 ValueError。"""
         if not 0 <= slot < self._max_running_reqs or slot in self._free_slots:
             raise ValueError(f"page table 第 {slot} 行没有被分配，不能释放")
         self._free_slots.append(slot)
