@@ -87,9 +87,11 @@ def generate(model: BaseLLMModel, prompt_ids: list[list[int]], n: int
 
 
 def main(argv: list[str] | None = None) -> None:
-    """命令行入口（契约见"怎么跑测试"）：不带 --json 时每个提示词一行 repr(提示词) -> 生成的文本，最后一行是 tokens/s；
+    """命令行入口（契约见"怎么跑测试"）：不带 --json 时每个提示词一行 repr(提示词) -> repr(生成的文本)，
+    最后一行是 tokens/s；
     --json 时最后一行是 {"outputs": [[token id, ...], ...]}（按提示词顺序）；--dump-logits FILE 把每个提示词每一步的
-    logits 存成 safetensors，键 p0、p1 …，形状 (生成的 token 数, vocab)。用错的参数：stderr 一行 错误：…，非 0 退出。"""
+    logits 存成 safetensors，键 p0、p1 …，形状 (生成的 token 数, vocab)。
+    用错的参数：argparse 的 error: …（第 6 章起是一行 错误：…），其余的错也只说一行，都非 0 退出。"""
     args = parse_args(argv)
     try:
         tok = load_tokenizer(args.model)

@@ -75,7 +75,7 @@ def forward(ids: torch.Tensor, pos: torch.Tensor, kv: list) -> torch.Tensor:
 
 
 def main() -> None:
-    """命令行入口：打印 repr(提示词) -> 生成的文本，最后一行 tokens/s；--json、--dump-logits 见第 0 步正文。"""
+    """命令行入口：打印 repr(提示词) -> repr(生成的文本)，最后一行 tokens/s；--json、--dump-logits 见第 0 步正文。"""
     ap = argparse.ArgumentParser(description="第 0 步：朴素的 Qwen3 贪心生成")
     ap.add_argument("--model", default="models/Qwen3-0.6B", help="Hugging Face 格式的模型目录")
     ap.add_argument("--prompt", action="append", help="可以给多次；默认一个英文句子")

@@ -139,7 +139,7 @@ class Context:
     page_size: int
     page_table: torch.Tensor = field(init=False)  # (请求行数, 最大长度) int32，存的是原始 token 槽位（第 4 章起）
     attn_backend: BaseAttnBackend = field(init=False)  # 第 5 章起
-    kv_cache: BaseKVCachePool = field(init=False)  # 第 4 章起是预分配的 KV 池（第 1~3 章是朴素的 KV 列表）
+    kv_cache: BaseKVCachePool = field(init=False)  # 第 4 章起是预分配的 KV 池（第 1~3 章是朴素的 NaiveKVCache）
     _batch: Batch | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
