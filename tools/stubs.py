@@ -221,6 +221,18 @@ def table_code(text: str) -> str:
     return "<code>" + html.escape(text).replace("|", "&#124;") + "</code>"
 
 
+def first_sentence(doc: str) -> str:
+    """docstring 第一段里到第一个句号为止（折行接回去）：只取第一行的话，折到下一行的半句就丢了。"""
+    para = ""
+    for line in doc.strip().splitlines():
+        if not line.strip():
+            break
+        line = line.strip()
+        space = para and para[-1].isascii() and line[0].isascii()  # 英文词之间折的行补一个空格，汉字之间不补
+        para += (" " if space else "") + line
+    return para.split("。")[0] + "。" if "。" in para else para
+
+
 def interface_table(ck: Checkpoint) -> str:
     """本章要写的公开接口（名字不以 _ 开头，__init__ 除外），按任务分组的 Markdown 表。"""
     rows, private = ["| 任务 | 文件 | 接口 | 说明 |", "|---|---|---|---|"], []
@@ -229,8 +241,7 @@ def interface_table(ck: Checkpoint) -> str:
         if any(part.startswith("_") and part != "__init__" for part in s.qualname.split(".")):
             private.append(f"`{s.qualname}`（任务 {task}）")
             continue
-        doc = (ast.get_docstring(s.node) or _inherited_doc(ck, s)).strip().splitlines()
-        line = (doc[0] if doc else "").replace("|", "\\|")
+        line = first_sentence(ast.get_docstring(s.node) or _inherited_doc(ck, s)).replace("|", "\\|")
         rows.append(f"| {task} | `{s.file}` | {table_code(_signature(s))} | {line} |")
     if private:  # 内部函数不进表，但也是桩：点名，免得读者以为只写表里的就够
         rows.append(f"\n表外还有 {len(private)} 个内部函数（名字以 _ 开头，不算接口）也是桩：{'、'.join(private)}。")

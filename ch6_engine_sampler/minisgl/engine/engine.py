@@ -56,6 +56,8 @@ def _adjust_config(config: EngineConfig) -> EngineConfig:
 
 
 class Engine:
+    """按官方的顺序建好一切（check_tp、set_tp_info 在 __init__ 里，其余在 _init 里）；forward_batch 一步一个 token。"""
+
     def __init__(self, config: EngineConfig) -> None:
         config.check_tp()  # 切不开就在建进程组之前说清楚是哪一项
         set_tp_info(config.tp_info.rank, config.tp_info.size)
