@@ -72,8 +72,9 @@ def render(best: dict[str, dict[int, float]], pairs: dict[int, list[float]], rou
         ms = [round(t[bs] * 1e3, 1) for bs in BATCH_SIZES]
         ratio = " / ".join(f"{m / round(base[bs] * 1e3, 1):.2f}" for m, bs in zip(ms, BATCH_SIZES))
         lines.append("| " + " | ".join([name, *(f"{m:.1f}" for m in ms), ratio]) + " |")
+    shown = {bs: [round(x, 2) for x in v] for bs, v in pairs.items()}  # 中位数用写出来的数算：读者能照着核对
     parts = [f"bs={bs} 各轮是 {'、'.join(f'{x:.2f}' for x in v)}，中位数 {statistics.median(v):.2f}"
-             for bs, v in pairs.items()]
+             for bs, v in shown.items()]
     lines += ["", f"三种轮流跑 {rounds} 轮，每轮每种一个新进程，每格取最快的一轮（表里的比值用表里的毫秒数算）。"
               f"同一轮里紧挨着量的 clang++ / g++ 之比：{'；'.join(parts)}。"]
     return "\n".join(lines) + "\n"

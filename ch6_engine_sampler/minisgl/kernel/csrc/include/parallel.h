@@ -2,9 +2,10 @@
 // 和 at::parallel_for 一样切：最多 num_threads() 段，每段至少 grain 个。用几个线程跟着 torch.set_num_threads（Engine 设它）。
 // 带 -fopenmp 编时就是 at::parallel_for（torch 的 OpenMP 线程池）。不带时 at::parallel_for 是头文件里的模板，
 // 在调用它的线程上串行跑（Apple 的 clang、MINISGL_KERNEL_OPENMP=0），所以这里有一个自己的小线程池。
-// 为什么不借 torch 现成的：at::launch（inter-op 池，c10::ThreadPool）每个任务是一个 std::function，靠互斥锁和条件变量
-// 叫醒线程；at::intraop_launch 在 OpenMP 版的 libtorch 里就在调用的线程上跑。一步 decode 有约 200 个很小的并行区，
-// 在 2 核的 Xeon 上量一个空并行区：OpenMP 约 1 µs，at::launch 约 20 µs，这个池约 1 µs（怎么量的见附录）。
+// 为什么不借 torch 现成的：at::intraop_launch 在 OpenMP 版的 libtorch（pip 的 wheel）里就在调用的线程上跑；
+// at::launch（inter-op 池，c10::ThreadPool）每个任务是一个 std::function，靠互斥锁和条件变量叫醒线程。一步 decode
+// 有约 200 个很小的并行区：在 2 核的 Xeon（torch 2.13）上量两段各几微秒的空转并行区，OpenMP 和这个池每个多花约 1 µs，
+// at::launch 多花 10 µs 以上（机器忙时上百 µs），一步就是几毫秒。
 // 任务抛出的异常（TORCH_CHECK）两种都带回调用的线程重新抛，不会结束进程。
 #pragma once
 
