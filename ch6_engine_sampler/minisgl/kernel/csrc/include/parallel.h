@@ -43,10 +43,7 @@ namespace pool {
 
 // 干完活的线程先空转这么久等下一个并行区（两个并行区之间是 Python 里几微秒到几十微秒的活），再睡到被叫醒：
 // 睡着的线程被叫醒要几十微秒，一步 decode 200 次就是几毫秒；一直空转又会占着核，别的进程用不上
-#ifndef MINISGL_SPIN_US
-#define MINISGL_SPIN_US 1000
-#endif
-constexpr auto kSpin = std::chrono::microseconds(MINISGL_SPIN_US);
+constexpr auto kSpin = std::chrono::microseconds(1000);
 
 inline void relax() {
 #if defined(__x86_64__)
@@ -61,8 +58,8 @@ class Pool {
  public:
   // 跑 fn(ctx, 0 .. tasks-1)，都跑完才返回；哪一段抛了异常，在这里重新抛（第一个）
   void run(int tasks, void (*fn)(void*, int), void* ctx) {
-    std::unique_lock<std::mutex> busy(run_m_, std::try_to_lock);
-    if (!busy.owns_lock() || in_worker()) {  // 别的线程正在用池子、或者是嵌套的并行区：就在这个线程上跑
+    std::unique_lock<std::mutex> busy(run_m_, std::defer_lock);
+    if (in_region() || !busy.try_lock()) {  // 嵌套的并行区、或别的线程正在用池子：就在这个线程上跑
       for (int i = 0; i < tasks; ++i) fn(ctx, i);
       return;
     }
@@ -71,6 +68,7 @@ class Pool {
       const uint64_t seen = job_.load(std::memory_order_relaxed);  // 新线程从下面这个并行区接活，不是从它起来时看到的那个
       workers_.emplace_back([this, index, seen] { work(index, seen); });
     }
+    in_region() = true;
     fn_ = fn;
     ctx_ = ctx;
     error_ = nullptr;
@@ -85,6 +83,7 @@ class Pool {
       if (spins < 4096) relax();
       else std::this_thread::yield();  // 工作线程被换下去了（核被别的进程占着）：让出来
     }
+    in_region() = false;
     if (error_) std::rethrow_exception(error_);
   }
 
@@ -105,7 +104,8 @@ class Pool {
   void after_fork() { run_m_.unlock(); }
 
  private:
-  static bool& in_worker() {
+  // 这个线程是不是正在一个并行区里（工作线程一直是）
+  static bool& in_region() {
     thread_local bool flag = false;
     return flag;
   }
@@ -127,7 +127,7 @@ class Pool {
 
   // job_ 的高位是第几个并行区，低 16 位是这一个有几段：一次读到，不会拿上一个的段数配这一个的序号
   void work(int index, uint64_t seen) {
-    in_worker() = true;
+    in_region() = true;
     for (;;) {
       uint64_t job = job_.load(std::memory_order_acquire);
       const auto t0 = std::chrono::steady_clock::now();
