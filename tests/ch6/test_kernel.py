@@ -50,9 +50,14 @@ def _has_toolchain() -> bool:
 
 
 def _ext_or_skip():
-    """编出来的扩展；没有工具链时跳过并说缺什么（有工具链却没编出来是失败，不是跳过）。"""
+    """编出来的扩展；没有工具链时跳过并说缺什么；编出的库报错路径没过 probe（utils.refusal()）时跳过并说原因。
+    有工具链、也没被拒绝，却没编出来是失败，不是跳过。"""
+    from minisgl.kernel import utils
+
     ext = _ext()
     if ext is None:
+        if why := utils.refusal():
+            pytest.skip(f"这台机器的工具链被拒绝：{why}。只有 PyTorch 退路，C++ 核没有可测的")
         assert not _has_toolchain(), "这台机器有 C++ 编译器和 ninja，minisgl.kernel 却没编出来（看上面那行原因）"
         pytest.skip(f"没有 {_missing_toolchain()}：只有 PyTorch 退路，C++ 核没有可测的")
     return ext
@@ -61,8 +66,7 @@ def _ext_or_skip():
 def test_kernel_builds_where_a_compiler_is():
     """有编译器和 ninja（requirements.txt 钉了 PyPI 的 ninja）就必须编得出来：退回 F.linear 的机器要能看出来。"""
     if _has_toolchain():
-        ext = _ext()
-        assert ext is not None, "这台机器有 C++ 编译器和 ninja，minisgl.kernel 却没编出来（看上面那行原因）"
+        ext = _ext_or_skip()
         assert ext.max_rows == 8 and ext.vector_width in (4, 8, 16)
     else:
         assert _ext() is None
@@ -113,18 +117,19 @@ def test_kernel_result_does_not_depend_on_thread_count():
 
 
 def test_num_threads_says_how_many_threads_the_kernel_really_uses():
-    """带 OpenMP 编的核跟着 torch 的线程数；MINISGL_KERNEL_OPENMP=0（Apple 的 clang 同样）编的核只有 1 个。
-    CI 把第 6 章的测试在 MINISGL_KERNEL_OPENMP=0 下再跑一遍，两种都核对到。"""
+    """带 OpenMP 编的核用 torch 的 OpenMP 线程池，MINISGL_KERNEL_OPENMP=0（Apple 的 clang 同样）编的核用 parallel.h
+    自己的线程池：两种都跟着 torch 的线程数。CI 把第 6 章的测试在 MINISGL_KERNEL_OPENMP=0 下再跑一遍，两种都核对到。"""
     from minisgl.kernel import utils
 
     ext = _ext()
     if ext is None:
-        assert not _has_toolchain() and utils.num_threads() is None
+        assert (not _has_toolchain() or utils.refusal()) and utils.num_threads() is None
         return
     before = torch.get_num_threads()
     try:
-        torch.set_num_threads(2)
-        assert utils.num_threads() == ext.num_threads() == (2 if utils.OPENMP else 1)
+        for t in (2, 3, 1):
+            torch.set_num_threads(t)
+            assert utils.num_threads() == ext.num_threads() == t
     finally:
         torch.set_num_threads(before)
 
@@ -144,6 +149,19 @@ def test_the_openmp_switch_has_its_own_cache_key(value, openmp, tmp_path):
     assert keys[value][:2] == [str(openmp), str(openmp)] or not sys.platform.startswith("linux")
     assert keys["0"][:2] == ["False", "False"]
     assert keys["0"][2] != keys["1"][2]
+
+
+def test_the_compiler_is_in_the_cache_key(monkeypatch):
+    """g++ 和 clang++ 编的库各存一份：一个被拒绝（probe）时，换另一个会重新编、重新试，不会读到它的结论。"""
+    from minisgl.kernel import utils
+
+    paths = [utils.CSRC / s for s in utils.SOURCES]
+    keys = set()
+    for cxx in ("g++", "clang++", "c++"):
+        monkeypatch.setenv("CXX", cxx)
+        keys.add(utils.cache_key(paths))
+    monkeypatch.delenv("CXX")
+    assert len(keys) == 3 and utils.cache_key(paths) in keys  # 没设 CXX 就是 c++
 
 
 @pytest.mark.parametrize("n", [0, 1, 7, 1 << 16, (1 << 16) + 3, 3 * (1 << 18) + 5])  # 凑不满一个线程、一段、一个向量
@@ -266,6 +284,67 @@ def test_no_compiler_is_said_in_one_line(fresh_extension, monkeypatch, tmp_path,
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and said in err[0] and "改用 PyTorch 的算子" in err[0], err
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").rglob("*.so"))
+
+
+def _crashing_build(crash: bool):
+    """代替 utils.run_build 的子进程：编出一个（空的）库，然后像报错路径崩溃的库那样被 SIGSEGV 杀掉；
+    crash=False 时 probe 发现报错不对、写下原因（和 utils.py 的子进程一样）。记下被调了几次。"""
+    calls = []
+
+    def run_build(cmd: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+        calls.append(cmd)
+        lib = Path(cmd[3]) / f"{cmd[2]}.so"
+        lib.write_bytes(b"")
+        if not crash:
+            lib.with_suffix(".refused").write_text("这套工具链编出的核该报错时没有报错（small_linear: ...）")
+            return subprocess.CompletedProcess(cmd, 1, "", "这套工具链编出的核该报错时没有报错（small_linear: ...）")
+        code = "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+
+    return run_build, calls
+
+
+@pytest.mark.parametrize("crash", [True, False])
+def test_a_library_whose_error_path_fails_the_probe_is_refused_in_one_line(fresh_extension, monkeypatch, tmp_path,
+                                                                          capsys, crash):
+    """编出的库报错时让进程崩溃（或报错不对）：在编它的子进程里就试出来，本进程说一行原因、改用 PyTorch 的算子；
+    结论和库放在一起，之后的进程不再编、不再试（run_build 只跑一次）。"""
+    run_build, calls = _crashing_build(crash)
+    monkeypatch.setattr(fresh_extension, "run_build", run_build)
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "cache"))
+    for _ in range(2):  # 第二次是"下一个进程"：读缓存里的结论
+        fresh_extension.extension.cache_clear()
+        layer, w, b = _plain_linear()
+        x = torch.randn(3, 16)
+        assert torch.equal(layer.forward(x), F.linear(x, w, b))
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "改用 PyTorch 的算子" in err[0] and "Traceback" not in err[0], err
+        why = "会让进程崩溃（signal 11，SIGSEGV）" if crash else "该报错时没有报错"
+        assert why in err[0] and why in fresh_extension.refusal()
+    assert len(calls) == 1 and fresh_extension.num_threads() is None
+
+
+def test_the_probe_finds_an_error_path_that_does_not_raise():
+    """probe 本身：该报错的调用没有报错、或者报的不是那一行，都说出来；真编出的核过得了它。"""
+    from minisgl.kernel import utils
+
+    class Silent:
+        def __getattr__(self, name):
+            return lambda *args: None
+
+    class Wrong:
+        def __getattr__(self, name):
+            def call(*args):
+                raise RuntimeError("something else")
+            return call
+
+    before = torch.get_num_threads()
+    try:
+        assert "该报错时没有报错" in utils.probe(Silent())
+        assert "报错不对" in utils.probe(Wrong()) and "something else" in utils.probe(Wrong())
+        assert utils.probe(_ext_or_skip()) is None
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_a_compile_error_comes_back_in_one_line(fresh_extension, monkeypatch, tmp_path):

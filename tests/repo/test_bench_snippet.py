@@ -215,3 +215,26 @@ def test_pairs_line_takes_each_round_as_measured():
     assert "Engine 的 bs=4 步 / bs=1 步各轮是 1.20、1.00、1.10，中位数 1.10" in line
     assert "Engine / llama.cpp（decode bs=1）各轮是 0.90、0.95，中位数 0.93" in line
     assert bench.pairs_line({"engine bs4/bs1": []}) == ""
+
+
+def test_kernel_threads_table_is_what_bench_threads_writes():
+    """docs/snippets/kernel_threads.md（python -m tools.bench.threads）：抬头写着命令、日期、机器和负载；
+    行就是三种编法；比值列用表里的毫秒数算得出来；同一轮的比值每轮一个、中位数对得上。"""
+    import statistics
+
+    from tools.bench import threads
+
+    text = threads.SNIPPET.read_text(encoding="utf-8")
+    assert f"命令：`{threads.COMMAND}`" in text and re.search(r"日期：\d{4}-\d\d-\d\d \d\d:\d\d UTC", text)
+    assert re.search(r"机器：.+（.+；L3 .+），\d+ 核；torch \S+，\d+ 个线程", text) and "平均负载" in text
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in text.splitlines()
+            if line.startswith("|") and not re.fullmatch(r"\|(---\|)+", line)][1:]
+    assert [r[0] for r in rows] == list(threads.VARIANTS)
+    base = [float(x) for x in rows[0][1:3]]
+    for r in rows:
+        assert r[3] == " / ".join(f"{float(x) / b:.2f}" for x, b in zip(r[1:3], base)), r
+    for bs in threads.BATCH_SIZES:
+        m = re.search(rf"bs={bs} 各轮是 ([\d.、]+)，中位数 ([\d.]+)", text)
+        assert m, f"缺 bs={bs} 同一轮的比值"
+        v = [float(x) for x in m.group(1).split("、")]
+        assert f"{statistics.median(v):.2f}" == m.group(2)  # 用写出来的（两位小数的）比值算

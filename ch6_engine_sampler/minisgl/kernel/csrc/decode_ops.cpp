@@ -4,7 +4,6 @@
 // 算式和各层里前几章的 PyTorch 写法一样，只差浮点累加顺序（和 SiLU 里自己算的 exp，误差不到 1 ulp）；
 // tests/ch6/test_kernel_ops.py 逐个核对。
 #include <ATen/Dispatch.h>
-#include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <cmath>
@@ -211,16 +210,17 @@ torch::Tensor decode_attention(const torch::Tensor& q_in, const torch::Tensor& k
   const int64_t* sp = slots.data();
   const bool* mp = mask.data_ptr<bool>();
   float* op = out.data_ptr<float>();
-  for (int64_t i = 0; i < bs * len; ++i) check_index(sp[i], num_slots, "decode_attention", "slot");
   // 一个任务 = 一个请求的一个 kv 头和共用它的 groups 个 q 头：每行 k、v 从内存读一次，给这几个 q 头都用上。
   // 每个线程至少分到约 16384 次 q·k 乘加（几微秒的活）：SmolLM2 的 4 个请求、30 个 token 时两个线程各算一半
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, groups * len * d));
-  at::parallel_for(0, bs * hkv, grain, [&](int64_t lo, int64_t hi) {
+  parallel_for(0, bs * hkv, grain, [&](int64_t lo, int64_t hi) {
     std::vector<float> p(groups * len), top(groups), z(groups);  // 每个线程一份，各个任务接着用
     for (int64_t task = lo; task < hi; ++task) {
       const int64_t b = task / hkv, h = task % hkv;
       const int64_t* sl = sp + b * len;
       const bool* ml = mp + b * len;
+      // 每个任务查自己要读的槽位：在工作线程里抛出的错由 parallel_for 带回调用的线程
+      for (int64_t l = 0; l < len; ++l) check_index(sl[l], num_slots, "decode_attention", "slot");
       const float* qh = qp + (b * hq + h * groups) * d;
       float* oh = op + (b * hq + h * groups) * d;
       std::fill(top.begin(), top.end(), -INFINITY);

@@ -1,6 +1,4 @@
 // 把 small_linear.cpp 和 decode_ops.cpp 的算子绑成一个 Python 扩展（minisgl/kernel/utils.py 的 load_jit 编它）。
-#include <ATen/Parallel.h>
-
 #include "cpu_kernel.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -17,14 +15,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_attention", &decode_attention, arg("q"), arg("k_cache"), arg("v_cache"), arg("slots"), arg("mask"),
         arg("scale"));
   m.def("silu_and_mul", &silu_and_mul, arg("x"));
-  // at::parallel_for 是头文件里的模板：没带 -fopenmp 编（Apple 的 clang、MINISGL_KERNEL_OPENMP=0）时在调用它的线程上串行跑
-  m.def("num_threads", [] {
-#ifdef _OPENMP
-    return static_cast<int64_t>(at::get_num_threads());
-#else
-    return static_cast<int64_t>(1);
-#endif
-  });
+  // 核的并行区真用几个线程（parallel.h）：带不带 OpenMP 编，都跟着 torch 的线程数
+  m.def("num_threads", &num_threads);
   m.attr("max_rows") = kMaxRows;
   m.attr("vector_width") = kWidth;
   m.attr("tile") = py::make_tuple(kTileR, kTileT);

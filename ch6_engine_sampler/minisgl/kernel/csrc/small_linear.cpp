@@ -2,9 +2,7 @@
 // decode（1~8 行）是在"读权重"：每个权重元素只做 2·行数 次运算。所以每个线程顺着读自己那几行权重，
 // 一次读进寄存器就给所有输入行用——batch 4 和 batch 1 读的权重一样多。
 // prefill（更多行）是在"算"：一块权重留在 L2、一组输入留在 L1，小块里每读一个数做好几次乘加（gemm）。
-#include <ATen/Parallel.h>
-
-#include <numeric>
+#include <mutex>
 #include <vector>
 
 #include "cpu_kernel.h"
@@ -162,7 +160,7 @@ torch::Tensor small_linear(const torch::Tensor& x_in, const torch::Tensor& w_in,
   const int64_t rows = wide ? kGemmR : kTileR, blocks = (m + rows - 1) / rows;
   // 每个线程至少分到约 64 KB 权重：更小的矩阵开线程不划算
   const int64_t grain = k > 0 ? std::max<int64_t>(1, (16384 + rows * k - 1) / (rows * k)) : blocks;
-  at::parallel_for(0, blocks, grain, [&](int64_t lo, int64_t hi) {
+  parallel_for(0, blocks, grain, [&](int64_t lo, int64_t hi) {
     const int64_t r0 = lo * rows, r1 = std::min(m, hi * rows);
     if (wide) rows_range<kGemmR, kGemmT, true>(xp, n, wp, k, m, yp, bp, r0, r1);
     else if (n > 1) rows_range<kTileR, kTileT, true>(xp, n, wp, k, m, yp, bp, r0, r1);
@@ -179,7 +177,7 @@ torch::Tensor gemm(const torch::Tensor& x_in, const torch::Tensor& w_in, const c
   const float *xp = o.xp(), *wp = o.wp(), *bp = o.bp();
   float* yp = o.yp();
   const int64_t blocks = (m + kGemmM - 1) / kGemmM;
-  at::parallel_for(0, blocks, 1, [&](int64_t lo, int64_t hi) {
+  parallel_for(0, blocks, 1, [&](int64_t lo, int64_t hi) {
     for (int64_t blk = lo; blk < hi; ++blk) {
       const int64_t r0 = blk * kGemmM;
       gemm_block(xp, n, wp + r0 * k, std::min<int64_t>(kGemmM, m - r0), k, yp + r0, m, bp ? bp + r0 : nullptr);
@@ -195,8 +193,9 @@ double stream_read(const torch::Tensor& x) {
   constexpr int64_t kGrain = 1 << 16;  // 每个线程至少 256 KB
   const float* p = x.data_ptr<float>();
   const int64_t n = x.numel();
-  std::vector<double> sums(at::get_num_threads());  // 每个线程一格
-  at::parallel_for(0, n, kGrain, [&](int64_t lo, int64_t hi) {
+  double total = 0.0;
+  std::mutex m;  // 每段加一次：不靠线程号分格子（那是 OpenMP 才有的）
+  parallel_for(0, n, kGrain, [&](int64_t lo, int64_t hi) {
     const int64_t q = (hi - lo) / (4 * kWidth) * kWidth;  // 每段 q 个，向量宽度的倍数；剩下的一个一个加
     vec acc[4] = {};
     for (int64_t i = 0; i < q; i += kWidth) {
@@ -204,9 +203,10 @@ double stream_read(const torch::Tensor& x) {
     }
     float t = hsum(acc[0] + acc[1] + acc[2] + acc[3]);
     for (int64_t i = lo + 4 * q; i < hi; ++i) t += p[i];
-    sums[at::get_thread_num()] += t;
+    std::lock_guard<std::mutex> l(m);
+    total += t;
   });
-  return std::accumulate(sums.begin(), sums.end(), 0.0);
+  return total;
 }
 
 // --8<-- [start:linear]

@@ -7,6 +7,8 @@
 #include <cstring>
 #include <tuple>
 
+#include "parallel.h"  // 每个算子的并行循环都用它的 parallel_for
+
 namespace minisgl {
 
 #if defined(__AVX512F__)
