@@ -1,12 +1,13 @@
-"""python -m tools.bench.threads：C++ 核的两种编法和核关掉，轮流量第 6 章 Engine 一步 decode
+"""python -m tools.bench.threads：C++ 核的三种编法和核关掉，轮流量第 6 章 Engine 一步 decode
 （SmolLM2-135M，bs 1 和 4）。
 
 - c++（Debian 上是 g++）带 OpenMP：并行循环是 at::parallel_for（torch 的 OpenMP 线程池），Linux 上默认就是它；
 - clang++ 不带 OpenMP（MINISGL_KERNEL_OPENMP=0）：并行循环用 csrc/include/parallel.h 自己的线程池。
   macOS 上 Apple 的 clang 没有 -fopenmp，编出来的就是这一种：在 Linux 上用 clang++ 代替量它；
+- c++ 不带 OpenMP：同一个线程池、g++ 编的代码，把"编译器"和"线程池"两件事分开；
 - 核关掉（MINISGL_KERNEL=off）：各层全用 PyTorch 的算子。
 
-一种编法一个进程（一个进程只能选一份核）：每轮三种各起一个新进程，轮流跑 --rounds 轮，每格取最快的一轮，
+一种编法一个进程（一个进程只能选一份核）：每轮每种各起一个新进程，轮流跑 --rounds 轮，每格取最快的一轮，
 再写出同一轮里紧挨着量的比值。表写进 docs/snippets/kernel_threads.md（附录和首页的 macOS 一行引用它）。
 
     .venv/bin/python -m tools.bench.threads [--rounds 4] [--steps 16]
@@ -33,6 +34,8 @@ BATCH_SIZES = (1, 4)
 VARIANTS = {"c++（g++），带 OpenMP（at::parallel_for）": {"CXX": "c++", "MINISGL_KERNEL_OPENMP": "1"},
             "clang++，不带 OpenMP（parallel.h 的线程池；Mac 上是这一种）":
                 {"CXX": "clang++", "MINISGL_KERNEL_OPENMP": "0"},
+            "c++（g++），不带 OpenMP（同一个线程池：把编译器和线程池分开看）":
+                {"CXX": "c++", "MINISGL_KERNEL_OPENMP": "0"},
             "核关掉（MINISGL_KERNEL=off，PyTorch 的算子）": {"MINISGL_KERNEL": "off"}}
 
 
@@ -75,8 +78,8 @@ def render(best: dict[str, dict[int, float]], pairs: dict[int, list[float]], rou
     shown = {bs: [round(x, 2) for x in v] for bs, v in pairs.items()}  # 中位数用写出来的数算：读者能照着核对
     parts = [f"bs={bs} 各轮是 {'、'.join(f'{x:.2f}' for x in v)}，中位数 {statistics.median(v):.2f}"
              for bs, v in shown.items()]
-    lines += ["", f"三种轮流跑 {rounds} 轮，每轮每种一个新进程，每格取最快的一轮（表里的比值用表里的毫秒数算）。"
-              f"同一轮里紧挨着量的 clang++ / g++ 之比：{'；'.join(parts)}。"]
+    lines += ["", f"{len(best)} 种轮流跑 {rounds} 轮，每轮每种一个新进程，每格取最快的一轮"
+              f"（表里的比值用表里的毫秒数算）。同一轮里紧挨着量的 clang++ / g++ 之比：{'；'.join(parts)}。"]
     return "\n".join(lines) + "\n"
 
 
