@@ -118,9 +118,9 @@ def main() -> None:
     who = "OMP_NUM_THREADS 指定" if "OMP_NUM_THREADS" in os.environ else "Engine 自己设"
     print(f"正式结构：{engine.device}，注意力后端 {engine.config.attention_backend}，"
           f"KV 池 {engine.num_pages} 页（page_size={engine.config.page_size}）")
-    # C++ 核的并行区真用几个线程：没带 OpenMP 编的核（Apple 的 clang、MINISGL_KERNEL_OPENMP=0）用它自己的线程池
+    # C++ 核的并行区真用几个线程：没带 OpenMP 编的核（Apple 的 clang、MINISGL_KERNEL_OPENMP=0）借 torch 的 OpenMP 线程
     k = kernel.num_threads() if engine.device.type == "cpu" else None
-    why = "，没带 OpenMP 编（用核自己的线程池）" if k is not None and not kernel.utils.OPENMP else ""
+    why = "，没带 OpenMP 编（借 torch 的 OpenMP 线程）" if k is not None and not kernel.utils.OPENMP else ""
     print(f"  {torch.get_num_threads()} 个线程（{who}）" + ("" if k is None else f"；C++ 核用 {k} 个{why}"))
 
     m.generate(PROMPTS, 2)  # 预热：第一次前向要分配内存、填缓存，不算进计时

@@ -117,8 +117,9 @@ def test_kernel_result_does_not_depend_on_thread_count():
 
 
 def test_num_threads_says_how_many_threads_the_kernel_really_uses():
-    """带 OpenMP 编的核用 torch 的 OpenMP 线程池，MINISGL_KERNEL_OPENMP=0（Apple 的 clang 同样）编的核用 parallel.h
-    自己的线程池：两种都跟着 torch 的线程数。CI 把第 6 章的测试在 MINISGL_KERNEL_OPENMP=0 下再跑一遍，两种都核对到。"""
+    """带 OpenMP 编的核用 torch 的 OpenMP 线程池，MINISGL_KERNEL_OPENMP=0（Apple 的 clang 同样）编的核由 parallel.h
+    直接调 torch 载入的 OpenMP 运行库：两种都跟着 torch 的线程数。CI 把第 6 章的测试在 MINISGL_KERNEL_OPENMP=0 下
+    再跑一遍，两种都核对到。"""
     from minisgl.kernel import utils
 
     ext = _ext()

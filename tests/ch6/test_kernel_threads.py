@@ -1,4 +1,5 @@
-"""C++ 核的并行循环（csrc/include/parallel.h）：带 OpenMP 编是 at::parallel_for，不带是自己的线程池。两种都要做到：
+"""C++ 核的并行循环（csrc/include/parallel.h）：带 OpenMP 编是 at::parallel_for，不带是直接调 torch 的 OpenMP
+运行库（同一批线程）。两种都要做到：
 - 工作线程里抛出的错（TORCH_CHECK）带回调用的线程，是一行 RuntimeError，进程不崩溃，之后的调用照常；
 - fork 出来的子进程（--tp 在 CPU 上的 rank）里照常用几个线程算，结果和父进程逐位相同。
 CI 在 MINISGL_KERNEL_OPENMP=0 下再跑一遍第 6 章的测试，两种都核对到。"""

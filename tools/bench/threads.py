@@ -2,9 +2,9 @@
 （SmolLM2-135M，bs 1 和 4）。
 
 - c++（Debian 上是 g++）带 OpenMP：并行循环是 at::parallel_for（torch 的 OpenMP 线程池），Linux 上默认就是它；
-- clang++ 不带 OpenMP（MINISGL_KERNEL_OPENMP=0）：并行循环用 csrc/include/parallel.h 自己的线程池。
+- clang++ 不带 OpenMP（MINISGL_KERNEL_OPENMP=0）：csrc/include/parallel.h 直接调 torch 载入的 OpenMP 运行库。
   macOS 上 Apple 的 clang 没有 -fopenmp，编出来的就是这一种：在 Linux 上用 clang++ 代替量它；
-- c++ 不带 OpenMP：同一个线程池、g++ 编的代码，把"编译器"和"线程池"两件事分开；
+- c++ 不带 OpenMP：同一条路、g++ 编的代码，把"编译器"和"怎么进并行区"两件事分开；
 - 核关掉（MINISGL_KERNEL=off）：各层全用 PyTorch 的算子。
 
 一种编法一个进程（一个进程只能选一份核）：每轮每种各起一个新进程，轮流跑 --rounds 轮，每格取最快的一轮，
@@ -32,9 +32,9 @@ COMMAND = ".venv/bin/python -m tools.bench.threads"
 BATCH_SIZES = (1, 4)
 # 行名 -> 环境变量（CXX=c++ 和没设 CXX 是同一份缓存）
 VARIANTS = {"c++（g++），带 OpenMP（at::parallel_for）": {"CXX": "c++", "MINISGL_KERNEL_OPENMP": "1"},
-            "clang++，不带 OpenMP（parallel.h 的线程池；Mac 上是这一种）":
+            "clang++，不带 OpenMP（parallel.h 调 torch 的 OpenMP 运行库；Mac 上是这一种）":
                 {"CXX": "clang++", "MINISGL_KERNEL_OPENMP": "0"},
-            "c++（g++），不带 OpenMP（同一个线程池：把编译器和线程池分开看）":
+            "c++（g++），不带 OpenMP（同一条路：把编译器和进并行区的办法分开看）":
                 {"CXX": "c++", "MINISGL_KERNEL_OPENMP": "0"},
             "核关掉（MINISGL_KERNEL=off，PyTorch 的算子）": {"MINISGL_KERNEL": "off"}}
 

@@ -32,7 +32,8 @@ SOURCES = ("small_linear.cpp", "decode_ops.cpp", "module.cpp")  # 编成一个�
 
 _ARCH = "-mcpu=native" if platform.machine().lower() in ("arm64", "aarch64") else "-march=native"
 # OpenMP：带 -fopenmp 时核的并行循环是 at::parallel_for（torch 的 OpenMP 线程池），Linux 的 gcc 默认开；Apple 的 clang
-# 没有 -fopenmp，MINISGL_KERNEL_OPENMP=0 走同一条路：用 csrc/include/parallel.h 里自己的线程池，线程数一样跟着 torch。
+# 没有 -fopenmp，MINISGL_KERNEL_OPENMP=0 走同一条路：csrc/include/parallel.h 直接调 torch 载入的 OpenMP 运行库，
+# 还是那一批线程、一样跟着 torch 的线程数。
 # 选项进了缓存键，两种各存一份
 OPENMP = os.environ.get("MINISGL_KERNEL_OPENMP", "1" if sys.platform.startswith("linux") else "0") != "0"
 FLAGS = ["-O3", _ARCH, *(["-fopenmp"] if OPENMP else [])]
