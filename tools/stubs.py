@@ -158,8 +158,11 @@ def _signature(s: Stub) -> str:
         args = args.split(",", 1)[1].strip() if "," in args else ""
     ret = f" -> {ast.unparse(n.returns)}" if n.returns and s.node.name != "__init__" else ""
     name = s.qualname.removesuffix(".__init__")
-    if any(ast.unparse(d) == "property" for d in n.decorator_list):
+    decorators = {ast.unparse(d) for d in n.decorator_list}
+    if "property" in decorators:
         return f"{name}{ret}（属性）"
+    if decorators & {"cached_property", "functools.cached_property"}:  # 读的是 self.x，不是 self.x()
+        return f"{name}{ret}（属性，算一次后缓存）"
     return f"{name}({args}){ret}"
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers.utils import logging as hf_logging
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # 在检查点目录里直接运行也能 import minisgl
 from minisgl import kernel  # noqa: E402
@@ -80,6 +81,7 @@ class Milestone:
 
 def hf_reference(path: str, tok, prompts: list[str], n: int) -> list[list[int]]:
     """HF 逐个请求贪心生成 n 个 token。不用 generate()：它遇到 EOS 就停，比较的长度就不一样了。"""
+    hf_logging.disable_progress_bar()  # 加载权重的进度条会夹在判定的几行中间
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     refs = []
     with torch.no_grad():

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import ast
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -135,21 +136,27 @@ def test_num_threads_says_how_many_threads_the_kernel_really_uses():
         torch.set_num_threads(before)
 
 
-@pytest.mark.parametrize("value,openmp", [("0", False), ("1", True)])
-def test_the_openmp_switch_has_its_own_cache_key(value, openmp, tmp_path):
-    """MINISGL_KERNEL_OPENMP=0 不带 -fopenmp 编，缓存另存一份：两种库不互相顶替（子进程里读，和读者设环境变量时一样）"""
+def test_the_openmp_switch_has_its_own_cache_key(monkeypatch):
+    """MINISGL_KERNEL_OPENMP=0 不带 -fopenmp 编，缓存另存一份：两种库不互相顶替。utils 在 import 时读这个环境变量，
+    所以每种设法都从文件新载入一份模块来读（和读者设了环境变量再起进程一样），不动已经载入的那份"""
     import minisgl
 
-    code = ("from minisgl.kernel import utils as u; "
-            "print(u.OPENMP, '-fopenmp' in u.FLAGS, u.cache_key([u.CSRC / s for s in u.SOURCES]))")
-    keys = {}
-    for v in (value, "0" if value == "1" else "1"):
-        env = dict(os.environ, MINISGL_KERNEL_OPENMP=v, PYTHONPATH=str(Path(minisgl.__file__).parents[1]))
-        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-        keys[v] = out.stdout.split()
-    assert keys[value][:2] == [str(openmp), str(openmp)] or not sys.platform.startswith("linux")
-    assert keys["0"][:2] == ["False", "False"]
-    assert keys["0"][2] != keys["1"][2]
+    def fresh(value: str | None):
+        if value is None:
+            monkeypatch.delenv("MINISGL_KERNEL_OPENMP", raising=False)
+        else:
+            monkeypatch.setenv("MINISGL_KERNEL_OPENMP", value)
+        spec = importlib.util.spec_from_file_location(
+            "_utils_fresh", Path(minisgl.__file__).parent / "kernel" / "utils.py")
+        u = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(u)
+        return u.OPENMP, "-fopenmp" in u.FLAGS, u.cache_key([u.CSRC / s for s in u.SOURCES])
+
+    off, on, default = fresh("0"), fresh("1"), fresh(None)
+    assert off[:2] == (False, False)
+    assert on[:2] == (True, True)
+    assert default[:2] == ((True, True) if sys.platform.startswith("linux") else (False, False))
+    assert off[2] != on[2]
 
 
 def test_the_compiler_is_in_the_cache_key(monkeypatch):

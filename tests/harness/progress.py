@@ -84,8 +84,8 @@ def pytest_collection_modifyitems(config, items):
 
 def _select(config, items):
     """python -m tools.run_tests 分几个进程跑一章：MINISGL_SELECT=own（本章的任务）、given（本章给定代码自己的测试，
-    tests/tasks.toml 的 given_tests）、regress（前面各章的测试）、real（真权重一档）；MINISGL_TASK=K 只留本章任务 K
-    的测试（不含给定代码的测试）。MINISGL_CHAPTER 是按哪一章归类。"""
+    tests/tasks.toml 的 given_tests）、regress（前面各章的测试）、real（真权重一档），几种可以用逗号连起来
+    （given,regress）；MINISGL_TASK=K 只留本章任务 K 的测试（不含给定代码的测试）。MINISGL_CHAPTER 是按哪一章归类。"""
     select, task = os.environ.get("MINISGL_SELECT"), os.environ.get("MINISGL_TASK")
     if not select and not task:
         return
@@ -106,7 +106,7 @@ def select_items(config, items, select: str | None, task: str | None, chapter: i
         given = own and not real and is_given_test(chapter, nodeid)
         wanted = {"own": own and not real and not given, "given": given, "regress": not own and not real,
                   "real": real}
-        if select and not wanted.get(select, False):
+        if select and not any(wanted.get(s, False) for s in select.split(",")):
             return False
         if task:
             t = task_of_test(all_tasks, nodeid, chapter)
