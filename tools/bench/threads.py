@@ -67,9 +67,10 @@ def run_variant(env: dict[str, str], steps: int) -> dict[int, float]:
 
 def render(best: dict[str, dict[int, float]], pairs: dict[int, list[float]], rounds: int, load: str) -> str:
     base = next(iter(best.values()))
+    busy = "（机器上同时还有别的进程）" if float(load) >= 1 else ""  # 2 核上负载到 1 就有别人在抢核
     head = ["核的编法", *(f"decode bs={bs}（ms/步）" for bs in BATCH_SIZES), "对带 OpenMP 的（bs=1 / bs=4）"]
     lines = [f"命令：`{COMMAND}`；日期：{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC；{machine_line()}；"
-             f"SmolLM2-135M，fp32。开始时 1 分钟平均负载 {load}（机器上同时还有别的进程）。", "",
+             f"SmolLM2-135M，fp32。开始时 1 分钟平均负载 {load}{busy}。", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, t in best.items():
         ms = [round(t[bs] * 1e3, 1) for bs in BATCH_SIZES]
