@@ -115,8 +115,22 @@ def _no_leftover_globals():
         dist.destroy_process_group()
 
 
+@pytest.fixture
+def gpu(request):
+    """GPU 一档：在模拟的 CUDA 上（每台机器都有），以及有真 GPU 时在真 CUDA 上，各跑一遍（tests/harness/cuda_emu）。
+    测试里 gpu.device 是 "cuda"，gpu.syncs 记下读回主存的每一次。"""
+    from tests.harness.cuda_emu import gpu_target
+
+    with gpu_target(request.param) as target:
+        yield target
+
+
 def pytest_generate_tests(metafunc):
-    """按所选检查点支持的模型家族和页大小展开参数。"""
+    """按所选检查点支持的模型家族和页大小展开参数；用到 gpu 的测试按 GPU 的种类展开。"""
+    if "gpu" in metafunc.fixturenames:
+        from tests.harness.cuda_emu import gpu_kinds
+
+        metafunc.parametrize("gpu", gpu_kinds(), indirect=True)
     if _SELECTED is None:
         return
     if "family" in metafunc.fixturenames:

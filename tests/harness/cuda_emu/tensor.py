@@ -1,0 +1,171 @@
+"""模拟的 cuda:0 上的张量：设备写着 cuda:0，里面是一个真的 CPU 张量，算子在 CPU 上照常算。
+
+每个 aten 算子都经 run() 过一遍：先按 rules.py 查设备、给读回主存的记一笔，再拆出里面的 CPU 张量算，
+结果按"这个算子在哪个设备上算"重新包好。工厂函数（device='cuda'）由 CudaMode 接住，同样走 run()。
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map_only
+
+from .rules import ADVANCED_INDEXING, DATA_DEPENDENT, check_devices
+
+aten = torch.ops.aten
+CUDA0 = torch.device("cuda", 0)
+CPU = torch.device("cpu")
+
+
+@dataclass
+class HostSyncs:
+    """读回主存的每一次：(种类, 算子)。种类是 item、tolist、to_host、data_dependent、synchronize 之一。"""
+
+    events: list[tuple[str, str]] = field(default_factory=list)
+
+    def record(self, kind: str, what: str) -> None:
+        self.events.append((kind, what))
+
+    def __len__(self) -> int:
+        return len(self.events)
+
+    def since(self, start: int) -> list[tuple[str, str]]:
+        return self.events[start:]
+
+
+SYNCS = HostSyncs()
+
+
+class EmulatedCudaTensor(torch.Tensor):
+    """device 是 cuda:0、数据在 self.elem（CPU）里的张量。"""
+
+    elem: torch.Tensor
+
+    @staticmethod
+    def __new__(cls, elem: torch.Tensor) -> "EmulatedCudaTensor":
+        r = torch.Tensor._make_wrapper_subclass(cls, elem.size(), strides=elem.stride(),
+                                                storage_offset=elem.storage_offset(), dtype=elem.dtype,
+                                                layout=elem.layout, device=CUDA0, requires_grad=elem.requires_grad)
+        r.elem = elem
+        return r
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        return run(func, args, kwargs or {})
+
+    def tolist(self):  # torch 的 tolist 不收张量子类；真 CUDA 上它是一次读回
+        SYNCS.record("tolist", "Tensor.tolist")
+        return self.elem.tolist()
+
+    def numpy(self, *, force: bool = False):  # 真 CUDA 上 .numpy() 直接报错
+        raise TypeError("can't convert cuda:0 device type tensor to numpy. Use Tensor.cpu() to copy the tensor "
+                        "to host memory first.")
+
+    def __repr__(self, *, tensor_contents=None) -> str:
+        return f"{self.elem!r}（模拟的 cuda:0）"
+
+
+class CudaMode(TorchDispatchMode):
+    """接住 device='cuda' 的工厂函数（它们的参数里还没有 cuda 张量，子类的 __torch_dispatch__ 轮不到）。"""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if not kwargs.get("pin_memory") and not any(_touches_cuda(x) for x in tree_flatten((args, kwargs))[0]):
+            return func(*args, **kwargs)  # 和 cuda 无关的算子（比如 HF 的参照在 CPU 上算）：原样放过
+        return run(func, args, kwargs)
+
+
+def _touches_cuda(x) -> bool:
+    return isinstance(x, EmulatedCudaTensor) or (isinstance(x, torch.device) and x.type == "cuda")
+
+
+def _device(t: torch.Tensor) -> torch.device:
+    return CUDA0 if isinstance(t, EmulatedCudaTensor) else t.device
+
+
+def _unwrap(t: torch.Tensor) -> torch.Tensor:
+    return t.elem if isinstance(t, EmulatedCudaTensor) else t
+
+
+def _is_cuda(d) -> bool:
+    return d is not None and torch.device(d).type == "cuda"
+
+
+def _mutated_arg(func, args, kwargs):
+    """原地算子（add_、copy_、index_put_…）和 out= 返回被改的那个参数本身，而不是新包一层。"""
+    if "out" in kwargs:
+        return kwargs["out"]
+    schema = func._schema
+    if schema.arguments and schema.arguments[0].alias_info is not None and schema.arguments[0].alias_info.is_write:
+        return args[0]
+    return None
+
+
+def _on_gpu(t) -> bool:
+    return isinstance(t, torch.Tensor) and _device(t).type == "cuda"
+
+
+def record_sync(func, args, kwargs) -> None:
+    """这个算子在真 CUDA 上要不要读回主存（rule host-sync）：要就记进 SYNCS。模拟的和真的 cuda 张量一样判断。"""
+    flat = tree_flatten((args, kwargs))[0]
+    if not any(_on_gpu(t) for t in flat):
+        return
+    if func is aten._local_scalar_dense.default:
+        SYNCS.record("item", func.name())
+    elif func in DATA_DEPENDENT:
+        SYNCS.record("data_dependent", func.name())
+    elif func in ADVANCED_INDEXING and any(i is not None and i.dtype == torch.bool for i in args[1]):
+        SYNCS.record("data_dependent", f"{func.name()}（bool 下标）")
+    elif func is aten._to_copy.default and not _is_cuda(kwargs.get("device") or _device(args[0])):
+        SYNCS.record("to_host", func.name())
+    elif func is aten.copy_.default and _on_gpu(args[1]) and not _on_gpu(args[0]):
+        SYNCS.record("to_host", func.name())
+
+
+class SyncCounter(TorchDispatchMode):
+    """真 GPU 上：不改任何算子，只按同样的规则记下读回主存的每一次。"""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        record_sync(func, args, kwargs)
+        return func(*args, **kwargs)
+
+
+def run(func, args, kwargs):
+    if func.has_kernel_for_dispatch_key(torch._C.DispatchKey.CompositeImplicitAutograd):
+        with CudaMode():  # inference_mode 下 aten.to.device 这类组合算子也会来：拆成基本算子，再各自走一遍
+            out = func.decompose(*args, **kwargs)
+        if out is not NotImplemented:
+            return out
+    index_devices = []
+    plain_args = args
+    if func in ADVANCED_INDEXING:  # 下标另算（rule index-cpu-indices）
+        index_devices = [_device(i) for i in args[1] if i is not None]
+        plain_args = (args[0], *args[2:])
+    flat = [t for t in tree_flatten((plain_args, kwargs))[0] if isinstance(t, torch.Tensor)]
+    check_devices(func, [(t, _device(t)) for t in flat], index_devices)
+
+    record_sync(func, args, kwargs)
+    on_cuda = any(isinstance(t, EmulatedCudaTensor) for t in tree_flatten((args, kwargs))[0])
+    if "device" in kwargs and kwargs["device"] is not None:
+        on_cuda = _is_cuda(kwargs["device"])  # 工厂函数和 .to(device) 在目标设备上出结果
+    if func is aten.copy_.default and isinstance(args[0], EmulatedCudaTensor):
+        on_cuda = True
+
+    u_args, u_kwargs = tree_map_only(torch.Tensor, _unwrap, (args, kwargs))
+    if _is_cuda(u_kwargs.get("device")):
+        u_kwargs["device"] = CPU
+    if u_kwargs.get("pin_memory"):
+        u_kwargs["pin_memory"] = False  # rule factory：CPU-only 的 torch 没有页锁定内存的分配器
+    out = func(*u_args, **u_kwargs)
+    mutated = _mutated_arg(func, args, kwargs)
+    if mutated is not None:
+        return mutated
+    if not on_cuda:
+        return out
+    with torch.inference_mode(False):  # 包装本身不是 inference 张量：视图算子之后 autograd 还要给它设版本号
+        return tree_map_only(torch.Tensor, EmulatedCudaTensor, out)
