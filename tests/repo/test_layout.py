@@ -1,4 +1,4 @@
-"""仓库的分层：tools/ 是库，tests/ 用它，反过来不行；"用哪个模型"只有 tools/models.py 一个答案。"""
+"""仓库的分层：tools/ 是库，tests/ 用它，反过来不行；"用哪个模型"只有 tools/models/find.py 一个答案。"""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def test_tools_never_import_tests():
 
 
 def test_model_directories_are_spelled_only_in_tools_models():
-    """演示、测试、书、trace、bench、里程碑脚本都问 tools.models.find_model，不各自去 models/ 下找。"""
+    """演示、测试、书、trace、bench、里程碑脚本都问 tools.models.find.find_model，不各自去 models/ 下找。"""
     files = [*_python_files(ROOT / "tools"), ROOT / "course.py",
              *_python_files(ROOT / "ch6_engine_sampler" / "examples")]
     bad = []
@@ -43,4 +43,4 @@ def test_model_directories_are_spelled_only_in_tools_models():
         for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Constant) and node.value in MODEL_DIRS:
                 bad.append(f"{p.relative_to(ROOT)}:{node.lineno}: {node.value!r}")
-    assert not bad, "真模型的目录只在 tools/models.py 里拼出来：\n" + "\n".join(bad)
+    assert not bad, "真模型的目录只在 tools/models/find.py 里拼出来：\n" + "\n".join(bad)

@@ -3,8 +3,8 @@
 每个模型都由真正的 transformers 配置类构造、用 save_pretrained 保存，所以它们和真模型走同一条加载路径；
 分词器在仓库自带的语料（英文、中文、代码）上本地训练，不碰任何 hub。结果完全确定：同样的版本，同样的字节。
 
-    python -m tools.make_tiny_models              # 写到 models/tiny/<name>/
-    python -m tools.make_tiny_models --out DIR    # 写到 DIR/<name>/
+    python -m tools.models.make_tiny_models              # 写到 models/tiny/<name>/
+    python -m tools.models.make_tiny_models --out DIR    # 写到 DIR/<name>/
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CORPUS = Path(__file__).resolve().parent / "corpus"
 DEFAULT_OUT = ROOT / "models" / "tiny"
 VOCAB = 1024  # 能被 2 和 4 整除：第 2 章的张量并行测试要切词表
@@ -179,7 +179,7 @@ def make_model(name: str, out_dir: Path, tokenizer_dir: Path) -> Path:
     if form == "hub":
         _to_hub_form(path / "config.json")
     (path / "TINY_MODEL").write_text(f"random weights, seed {SEED}, spec {spec_digest(name)}, "
-                                     "written by tools/make_tiny_models.py\n")
+                                     "written by tools/models/make_tiny_models.py\n")
     return path
 
 
