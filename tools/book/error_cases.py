@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import argparse
 import functools
 import re
 from dataclasses import dataclass, field
@@ -188,6 +189,12 @@ def render_table(folder: str, task: int | None = None) -> str:
     return "\n".join(out)
 
 
-if __name__ == "__main__":
+def main() -> None:
+    """python -m tools.book.error_cases：重写过时了的 tests/<folder>/errors.md；没有参数，只认 --help。"""
+    argparse.ArgumentParser(description=main.__doc__).parse_args()
     for p in write_files():
         print(f"写了 {p.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()

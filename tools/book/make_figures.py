@@ -13,8 +13,10 @@
 
 from __future__ import annotations
 
-from tools.manifest import ROOT
+import argparse
+
 from tools.book.svgkit import BLUE, DARK, GREEN, GREY, INK, LINE, MUTED, ORANGE, PURPLE, RED, SVG
+from tools.manifest import ROOT
 
 OUT = ROOT / "docs" / "images"
 REQ_COLORS = [BLUE, GREEN, ORANGE]
@@ -159,6 +161,8 @@ FIGURES = {"batch-layout": batch_layout, "causal-mask": causal_mask, "gqa-heads"
 
 
 def main() -> None:
+    # 没有参数：只认 --help（书里写着这条命令，测试带 --help 跑它）
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     from tools.book.figures_more import MORE
 
     for name, make in {**FIGURES, **MORE}.items():
