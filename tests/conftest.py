@@ -91,7 +91,7 @@ def checkpoint() -> Checkpoint:
 
 @pytest.fixture(scope="session")
 def tiny_models() -> dict[str, Path]:
-    from tools.make_tiny_models import make_all
+    from tools.models.make_tiny_models import make_all
 
     return make_all()
 

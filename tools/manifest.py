@@ -1,5 +1,5 @@
 """课程的清单：checkpoints.toml（有哪些检查点、各支持什么、改了哪些文件）和 tests/tasks.toml（每章的任务）。
-工具和测试都从这里读；用哪个模型在 tools/models.py。"""
+工具和测试都从这里读；用哪个模型在 tools/models/find.py。"""
 
 from __future__ import annotations
 

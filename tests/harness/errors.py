@@ -1,4 +1,4 @@
-"""查报错的唯一入口：测试只通过这里查异常类型和报错消息，清单在 tests/chN/errors.toml（读法见 tools/error_cases.py）。
+"""查报错的唯一入口：测试只通过这里查异常类型和报错消息，清单在 tests/chN/errors.toml（读法见 book/error_cases.py）。
 
     with expect_error("ch3/no_weights", path=str(path)):       # 进程内：异常类型 + 每个片段
         stream(path, model)
@@ -19,7 +19,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from tools.error_cases import Case, case, contains
+from tools.book.error_cases import Case, case, contains
 
 
 class ErrorCaseFailure(AssertionError):

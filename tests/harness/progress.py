@@ -96,7 +96,7 @@ def select_items(config, items, select: str | None, task: str | None, chapter: i
     """按 select（own / given / regress / real）和任务号 task 挑测试，其余的报成 deselected。
     pytest 的 --task K（tests/conftest.py）也走这里：和 check --task K 挑出同一份。"""
     from tools.manifest import is_given_test
-    from tools.task_table import chapter_of_test, load_tasks, task_of_test
+    from tools.workbench.task_table import chapter_of_test, load_tasks, task_of_test
 
     all_tasks = load_tasks()
 

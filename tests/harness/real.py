@@ -1,4 +1,4 @@
-"""真权重一档的提示词（用哪个模型、没有时怎么说在 tools/models.py）。"""
+"""真权重一档的提示词（用哪个模型、没有时怎么说在 tools/models/find.py）。"""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 from tests.harness.parity import parity_failures
-from tools.make_tiny_models import make_all
+from tools.models.make_tiny_models import make_all
 from tools.manifest import PROMPTS, ROOT, TINY_NEW_TOKENS
 
 BUG = ('h = rms_norm(x, W[p + "post_attention_layernorm.weight"])', "h = x")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.models import find_model, has_weights, missing_message, unsupported_reason
+from tools.models.find import find_model, has_weights, missing_message, unsupported_reason
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,7 @@ from safetensors import safe_open
 
 from tests.harness.parity import parity_failures
 from tests.harness.real import REAL_NEW_TOKENS, REAL_PROMPTS
-from tools.models import SMOLLM2
+from tools.models.find import SMOLLM2
 from tests.harness.reference import hf_greedy, load_tokenizer
 
 
@@ -29,9 +29,9 @@ def test_real_model_speaks(real_model):
 
 
 def test_smollm2_layout(real_model):
-    """tools/make_smollm2.py 写出的是普通 fp32 HF 检查点：没有量化配置，绑定的输出头不存第二份。"""
+    """tools/models/make_smollm2.py 写出的是普通 fp32 HF 检查点：没有量化配置，绑定的输出头不存第二份。"""
     if real_model.resolve() != SMOLLM2.resolve():
-        pytest.skip(f"这一项只查 tools/make_smollm2.py 写出的 {SMOLLM2.name}；这次用的是 {real_model}")
+        pytest.skip(f"这一项只查 tools/models/make_smollm2.py 写出的 {SMOLLM2.name}；这次用的是 {real_model}")
     config = json.loads((real_model / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLM"], config
     assert "quantization_config" not in config, config

@@ -1,5 +1,5 @@
-"""python course.py test --arch aarch64（tools/arch.py）在本机就能查的部分：用错了、这台机器跑不了时只说一行、退出码
-非 0、什么也不动；摘要和本机的一样，没跑成的不算通过；根文件系统在仓库外面（tools/arch_cache.py），旧版本留在仓库里的
+"""python course.py test --arch aarch64（tools/arch/）在本机就能查的部分：用错了、这台机器跑不了时只说一行、退出码
+非 0、什么也不动；摘要和本机的一样，没跑成的不算通过；根文件系统在仓库外面（tools/arch/cache.py），旧版本留在仓库里的
 搬出去或者说出来，--clean 删掉它；拷进根里的只有普通文件和仓库里面的链接。真在 qemu 里跑要几分钟、要 root，这里不跑
 （docs/testing.md）。"""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tools import arch, arch_cache
+from tools.arch import cache as arch_cache, qemu as arch
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,4 +1,4 @@
-"""start chN --from 的搬运规则（tools/workspace.py 的 grow_workspace、tools/carry_code.py），不跑检查：
+"""start chN --from 的搬运规则（tools/workbench/ 的 workspace.grow_workspace、carry_code），不跑检查：
 拿本书的上一章当"读者的目录"，改动一处，看第 N 章的目录里是什么。整条路径见 test_course_path.py。
 """
 
@@ -9,8 +9,8 @@ import shutil
 from pathlib import Path
 
 from tools.manifest import checkpoint_files, load_manifest
-from tools.stubs import functions
-from tools.workspace import grow_workspace
+from tools.workbench.stubs import functions
+from tools.workbench.workspace import grow_workspace
 
 CK = {c.chapter: c for c in load_manifest()}
 

@@ -25,8 +25,8 @@ import pytest
 
 from tests.harness.procs import collect
 from tools.manifest import checkpoint_files, is_given_test, load_manifest, load_tasks, match
-from tools.task_table import task_of_test
-from tools.stubs import body, find_stubs, functions
+from tools.workbench.task_table import task_of_test
+from tools.workbench.stubs import body, find_stubs, functions
 
 ROOT = Path(__file__).resolve().parents[2]
 CK = {c.chapter: c for c in load_manifest()}
@@ -218,7 +218,7 @@ def test_the_learners_function_in_a_given_file_reaches_my_ch6(path):
 
 def test_a_broken_previous_chapter_is_refused(path, monkeypatch):
     """my_ch3 里埋一个错：start ch4 --from 拒绝，说出任务和第一个没过的测试；--force 照样长出来，并且说了。"""
-    from tools.course_record import read_check
+    from tools.workbench.course_record import read_check
 
     res, bug = path.runs["refused"], path.base / "bug" / "my_ch3"
     assert res.returncode != 0 and not (bug.parent / "my_ch4").exists(), res.stdout[-3000:]
@@ -269,7 +269,7 @@ def test_demo_names_file_line_and_task_of_an_import_error(path):
 def test_whose_task_names_errors_raised_while_importing(kind, tmp_path):
     """import 时出的错（语法错误、模块顶层的一行、顶层调用的自己的函数）：一行说出文件、行和管这个文件的任务。"""
     from tools.manifest import match
-    from tools.own_demo import whose_task
+    from tools.workbench.own_demo import whose_task
 
     rel = "minisgl/scheduler/table.py"
     path = tmp_path / "my_ch6" / rel
@@ -291,7 +291,7 @@ def test_whose_task_names_errors_raised_while_importing(kind, tmp_path):
 
 def test_demo_runs_the_folders_own_milestone_script(tmp_path, monkeypatch, capsys):
     """demo DIR 跑 DIR 自己的 examples/stage1_milestone.py（start ch6 复制的给定文件），不是书里的那份。"""
-    from tools import own_demo
+    from tools.workbench import own_demo
 
     for d in ("examples", "minisgl"):
         (tmp_path / d).mkdir()
@@ -312,7 +312,7 @@ def test_demo_runs_the_folders_own_milestone_script(tmp_path, monkeypatch, capsy
 
 def test_demo_without_the_books_milestone_script_says_one_line(tmp_path, monkeypatch, capsys):
     """DIR 里没有里程碑脚本时退回书里第 6 章检查点的那份：它也不见了（被删、没克隆全）时说一行，不是 traceback。"""
-    from tools import own_demo
+    from tools.workbench import own_demo
 
     monkeypatch.setattr(own_demo, "SCRIPT", tmp_path / "gone" / "stage1_milestone.py")
     assert own_demo.main([str(tmp_path)]) == 1
@@ -393,7 +393,7 @@ def _course_commands() -> list[tuple[str, str]]:
 
 def test_every_course_command_in_the_book_parses():
     """书里写的 course.py 命令：子命令存在；start 的参数 course.py 自己认得，章也在清单里。"""
-    from tools.course_start import _start_args
+    from tools.workbench.course_start import _start_args
     from tools.manifest import find_checkpoint
 
     cmds = _course_commands()
@@ -420,7 +420,7 @@ def _record_dirs(tmp_path: Path, monkeypatch, *names: str) -> list[Path]:
 @pytest.mark.parametrize("broken", ["truncated", "not_an_object", "missing_field"])
 def test_progress_reports_an_unreadable_record_in_one_line(broken, tmp_path, monkeypatch):
     """.cache/course/ 里一份坏了的记录：progress 照样列出整张表，这份记录当作没有，表下一行说它读不了。"""
-    from tools.course_record import write_check, write_start
+    from tools.workbench.course_record import write_check, write_start
 
     good, bad = _record_dirs(tmp_path, monkeypatch, "my_ch1", "my_ch2")
     write_start(good, 1, {"from": None, "forced": False})
@@ -458,7 +458,7 @@ def test_start_refuses_a_folder_inside_the_book(inside, tmp_path):
 
 def test_progress_says_what_a_record_does_not_cover(tmp_path, monkeypatch):
     """只跑了一个任务、回归有失败、--force 从不是上一章的目录长出来：progress 都写在备注和起点里。"""
-    from tools.course_record import progress_report, write_check, write_start
+    from tools.workbench.course_record import progress_report, write_check, write_start
 
     src, dest = _record_dirs(tmp_path, monkeypatch, "my_ch2", "my_ch4")
     write_start(src, 2, {"from": None, "forced": False})
@@ -474,7 +474,7 @@ def test_progress_says_what_a_record_does_not_cover(tmp_path, monkeypatch):
 
 def test_progress_leaves_given_code_tests_out_of_the_tasks(tmp_path, monkeypatch):
     """给定代码自己的测试（tests/tasks.toml 的 given_tests）不算进读者的任务：它没过也不让任务变成 ✗。"""
-    from tools.course_record import progress_report, write_check
+    from tools.workbench.course_record import progress_report, write_check
 
     monkeypatch.setenv("MINISGL_COURSE_RECORDS", str(tmp_path / "records"))
     dest = tmp_path / "my_ch6"
@@ -493,8 +493,8 @@ def test_progress_leaves_given_code_tests_out_of_the_tasks(tmp_path, monkeypatch
 
 def test_start_from_uses_a_fresh_passing_check(tmp_path, monkeypatch, capsys):
     """check 刚测过、代码没改过、任务全过：start --from 用那次的记录，不再跑一遍；代码改过就重跑。"""
-    from tools import course_start
-    from tools.course_record import write_check
+    from tools.workbench import course_start
+    from tools.workbench.course_record import write_check
 
     monkeypatch.setenv("MINISGL_COURSE_RECORDS", str(tmp_path / "records"))
     mine = tmp_path / "my_ch3"

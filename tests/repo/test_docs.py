@@ -19,7 +19,7 @@ import pytest
 
 from tools.manifest import by_name, load_manifest
 from tools.manifest import load_tasks
-from tools import stubs
+from tools.workbench import stubs
 from tools.run_tests import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -231,7 +231,7 @@ def test_every_command_on_the_page_is_runnable(page):
 
 def test_command_check_catches_a_missing_tool():
     """python -m tools.X 的 X 必须是 tools/ 里真有的模块（工具改名后书里的命令跟着改）。"""
-    _check_command("python -m tools.make_figures")
+    _check_command("python -m tools.book.make_figures")
     with pytest.raises(AssertionError, match="tools.no_such_tool"):
         _check_command("python -m tools.no_such_tool --flag")
 

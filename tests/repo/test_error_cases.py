@@ -1,4 +1,5 @@
-"""报错只有一个来源：tests/chN/errors.toml（tools/error_cases.py）。测试经 tests/harness/errors.py 查它，页面渲染它。
+"""报错只有一个来源：tests/chN/errors.toml（tools/book/error_cases.py）。
+测试经 tests/harness/errors.py 查它，页面渲染它。
 
 - 章节测试不自己查异常类型或报错消息：没有 pytest.raises（测试自己定义的异常除外）、isinstance(…, XxxError)，
   也没有拿字面片段去比对报错（str(e.value)、stderr、msg……）；给定代码自己的测试（tasks.toml 的 given_tests）除外；
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tools import error_cases
+from tools.book import error_cases
 from tools.manifest import ROOT, given_test_patterns, is_given_test, load_tasks
 
 HELPERS = ("expect_error", "expect_exit", "check_error")
@@ -139,7 +140,7 @@ def test_every_case_is_rendered_on_its_page(folder):
 def test_a_chapter_page_read_raw_says_where_each_table_is():
     """在代码托管网站、编辑器里读 docs/chN.md 的人只看得到 {{ errors(…) }}：紧跟的下一行说表在构建好的书里、
     怎么打开（mkdocs serve、这一页的地址）。构建时那一行和占位符一起换成表，书里不出现。"""
-    from tools.mkdocs_hooks import render_errors
+    from tools.book.mkdocs_hooks import render_errors
 
     for page in sorted((ROOT / "docs").glob("ch*.md")):
         lines = page.read_text(encoding="utf-8").splitlines()
@@ -158,10 +159,10 @@ def test_a_chapter_page_read_raw_says_where_each_table_is():
 
 @pytest.mark.parametrize("folder", error_cases.folders())
 def test_the_committed_tables_match_the_lists(folder):
-    """tests/<folder>/errors.md（读原文件的人看的表）和清单一致；过时了就重写：python -m tools.error_cases。"""
+    """tests/<folder>/errors.md（读原文件的人看的表）和清单一致；过时了就重写：python -m tools.book.error_cases。"""
     path = error_cases.tables_file(folder)
     assert path.is_file() and path.read_text(encoding="utf-8") == error_cases.render_file(folder), \
-        f"{path.relative_to(ROOT)} 和 tests/{folder}/errors.toml 不一致：运行 python -m tools.error_cases 重写"
+        f"{path.relative_to(ROOT)} 和 tests/{folder}/errors.toml 不一致：运行 python -m tools.book.error_cases 重写"
     for c in error_cases.load(folder).values():
         assert c.when.replace("|", "\\|") in path.read_text(encoding="utf-8"), c.id
 

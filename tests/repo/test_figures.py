@@ -1,4 +1,4 @@
-"""本书的示意图：生成的图与 python -m tools.make_figures 的输出逐字相同（图里的数由代码的同一套式子算出，不手填），
+"""本书的示意图：生成的图与 python -m tools.book.make_figures 的输出逐字相同（图里的数由代码的同一套式子算出，不手填），
 每张图（包括手画的两张）的文字都落在画布里，不会被裁掉。"""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import re
 
 import pytest
 
-from tools.figures_more import MORE
-from tools.make_figures import FIGURES, OUT, ROOT
-from tools.svgkit import SVG, text_width
+from tools.book.figures_more import MORE
+from tools.book.make_figures import FIGURES, OUT, ROOT
+from tools.book.svgkit import SVG, text_width
 
 ALL = {**FIGURES, **MORE}
 
@@ -17,9 +17,9 @@ ALL = {**FIGURES, **MORE}
 @pytest.mark.parametrize("name", sorted(ALL))
 def test_figure_matches_generator(name):
     path = OUT / f"{name}.svg"
-    assert path.is_file(), f"缺 {path}：运行 python -m tools.make_figures"
+    assert path.is_file(), f"缺 {path}：运行 python -m tools.book.make_figures"
     assert path.read_text(encoding="utf-8") == ALL[name]().render(), \
-        f"{path} 和生成器的输出不同（手改过，或者代码变了）：运行 python -m tools.make_figures 重新生成"
+        f"{path} 和生成器的输出不同（手改过，或者代码变了）：运行 python -m tools.book.make_figures 重新生成"
 
 
 def _overflowing(svg_text: str) -> list[str]:

@@ -1,7 +1,7 @@
 """检查点的血统：每一章只改它该改的文件，其余文件和上一个检查点逐字节相同。"""
 
 from tools.manifest import Checkpoint, checkpoint_files, load_manifest
-from tools.carry_forward import carry_forward
+from tools.book.carry_forward import carry_forward
 
 
 def lineage_problems(prev: Checkpoint, cur: Checkpoint) -> list[str]:
@@ -14,7 +14,7 @@ def lineage_problems(prev: Checkpoint, cur: Checkpoint) -> list[str]:
         elif rel not in cur.changes and not same:
             what = "新增了" if rel not in a else "删掉了" if rel not in b else "改了"
             problems.append(f"{cur.name}: {what} {rel}，但清单的 changes 里没有它（要么加进清单，要么用 "
-                            f"python -m tools.carry_forward 把 {prev.name} 的版本带过来）")
+                            f"python -m tools.book.carry_forward 把 {prev.name} 的版本带过来）")
     for rel in cur.changes:
         if rel not in a and rel not in b:
             problems.append(f"{cur.name}: 清单列了 {rel}，但两个检查点里都没有这个文件")

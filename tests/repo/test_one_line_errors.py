@@ -1,4 +1,4 @@
-"""course.py start / check / trace、tools.run_tests 和 tools.carry_forward 用错了：
+"""course.py start / check / trace、tools.run_tests 和 tools.book.carry_forward 用错了：
 只打印一行 错误：…，说出是哪个参数，不打印 Traceback。"""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ CASES = {
     "start_unknown_chapter": (["course.py", "start", "ch9"], "'ch9'"),
     "start_without_chapter": (["course.py", "start"], "course.py start chN"),
     "start_into_existing_dir": (["course.py", "start", "ch6", "docs"], "已经存在"),
-    "carry_forward_unknown_chapter": (["-m", "tools.carry_forward", "ch9", "x.py"], "'ch9'"),
-    "carry_forward_missing_file": (["-m", "tools.carry_forward", "ch2", "nope.py"], "nope.py 不存在"),
+    "carry_forward_unknown_chapter": (["-m", "tools.book.carry_forward", "ch9", "x.py"], "'ch9'"),
+    "carry_forward_missing_file": (["-m", "tools.book.carry_forward", "ch2", "nope.py"], "nope.py 不存在"),
     "run_tests_unknown_checkpoint": (["-m", "tools.run_tests", "ch9"], "'ch9'"),
     "run_tests_directory_without_as": (["-m", "tools.run_tests", "docs"], "--as"),
     "check_unknown_checkpoint": (["course.py", "check", "ch9"], "'ch9'"),

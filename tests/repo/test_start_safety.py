@@ -1,4 +1,4 @@
-"""start 建目录、读目录：两个 start 同时建同一个目录（tools/workspace.py 的 building）时恰好一个建成、另一个只说
+"""start 建目录、读目录：两个 start 同时建同一个目录（workbench/workspace.py 的 building）时恰好一个建成、另一个只说
 "已经存在"那一行，没有 traceback、没有半个目录；建到一半出错也不留下东西；读读者的目录（manifest.checkpoint_files）
 不读设备、管道，不跟着链接走出目录。赛跑的子进程是 fork 出来的，不重新 import：每次几十毫秒。"""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tools import course_start, workspace
+from tools.workbench import course_start, workspace
 from tools.manifest import checkpoint_files, load_manifest
 
 CK = {c.chapter: c for c in load_manifest()}

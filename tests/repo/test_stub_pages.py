@@ -21,7 +21,7 @@ import pytest
 
 from tools.manifest import load_manifest
 from tools.manifest import load_tasks
-from tools import stubs, workspace
+from tools.workbench import stubs, workspace
 from tools.manifest import given_patterns, is_given
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -162,7 +162,7 @@ def signature_mismatches(ck, section: str) -> list[str]:
 @pytest.mark.parametrize("ck", CHECKPOINTS, ids=lambda c: c.name)
 def test_page_signatures_use_the_stubs_parameter_names(ck):
     """「任务」一节的正文，加上构建时渲染进去的报错表（tests/chN/errors.toml 的"情形"）。"""
-    from tools import error_cases
+    from tools.book import error_cases
 
     folder = f"ch{ck.chapter}" if ck.chapter else "checkpoint"
     tables = "\n".join(c.when for c in error_cases.load(folder).values())
@@ -173,7 +173,7 @@ def test_page_signatures_use_the_stubs_parameter_names(ck):
 def stubs_off_their_error_table(ck) -> list[str]:
     """报错表（tests/chN/errors.toml 的"情形"）里写成签名的桩，归那一条报错的任务：页面在那个任务里教它、查它的测试
     归那个任务（test_error_cases.py），check --task K 跑的就是它，桩的 NotImplementedError 也要写任务 K。"""
-    from tools import error_cases
+    from tools.book import error_cases
 
     folder = f"ch{ck.chapter}" if ck.chapter else "checkpoint"
     out = []

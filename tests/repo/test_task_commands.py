@@ -16,7 +16,7 @@ import sys
 import pytest
 
 from tools.manifest import ROOT, by_name, is_given_test, load_tasks
-from tools.task_table import chapter_of_test, task_of_test
+from tools.workbench.task_table import chapter_of_test, task_of_test
 
 PAGES = [ROOT / "README.md", *sorted(p for p in (ROOT / "docs").glob("*.md"))]
 BY_NAME = re.compile(r"-k\s+[\"']?[^\"'\s]*task\d")

@@ -7,7 +7,7 @@ import torch
 from transformers import AutoConfig, AutoTokenizer
 
 from tests.harness.reference import hf_tensors
-from tools.make_tiny_models import FAMILIES, make_all
+from tools.models.make_tiny_models import FAMILIES, make_all
 
 
 def _digest(path):
@@ -108,19 +108,19 @@ def _value(name, path, field):
 
 def test_every_config_field_the_decoder_reads_has_a_row():
     from tools.manifest import load_manifest
-    from tools.make_tiny_models import FIELD_COVERAGE, NOT_VARIED
+    from tools.models.make_tiny_models import FIELD_COVERAGE, NOT_VARIED
 
     rows = set(FIELD_COVERAGE) | set(NOT_VARIED)
     for ck in (c for c in load_manifest() if c.chapter >= 3):
         missing = _fields_read(ck) - rows
         assert not missing, (f"{ck.name} 的 decoder 读了 {sorted(missing)}，"
-                             "tools/make_tiny_models.py 的 FIELD_COVERAGE "
+                             "tools/models/make_tiny_models.py 的 FIELD_COVERAGE "
                              "里却没有一行说哪个小模型改了它、哪个测试抓它")
 
 
 def test_each_row_names_models_that_really_differ_and_a_test_that_exists(tiny_models):
     from tools.manifest import ROOT
-    from tools.make_tiny_models import FIELD_COVERAGE, LLAMA31_SCALING, NOT_VARIED
+    from tools.models.make_tiny_models import FIELD_COVERAGE, LLAMA31_SCALING, NOT_VARIED
 
     for field, (models, test) in FIELD_COVERAGE.items():
         base = _value("qwen3-tied", tiny_models["qwen3-tied"], field)
@@ -137,7 +137,7 @@ def test_each_row_names_models_that_really_differ_and_a_test_that_exists(tiny_mo
 
 def test_the_field_table_is_on_the_testing_page():
     from tools.manifest import ROOT
-    from tools.make_tiny_models import FIELD_COVERAGE
+    from tools.models.make_tiny_models import FIELD_COVERAGE
 
     rows = [line for line in (ROOT / "docs" / "testing.md").read_text(encoding="utf-8").splitlines()
             if line.startswith("| `")]

@@ -1,4 +1,4 @@
-"""python course.py trace（tools/trace.py）：记下的数就是引擎自己的张量；--against 找得到埋下的错、自己对自己找不到；
+"""python course.py trace（tools/trace/）：记下的数就是引擎自己的张量；--against 找得到埋下的错、自己对自己找不到；
 HTML 不取网络资源；坏参数只有一行"错误：…"。
 
 引擎自己的张量由另一个"探针"读：它按名字包住检查点的 forward_batch（第 6 章是 Engine.forward_batch），
@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from tools.manifest import ROOT, find_checkpoint
-from tools.trace import run_trace, trace
-from tools.trace_diff import first_difference
-from tools.trace_html import render
+from tools.trace.cli import run_trace, trace
+from tools.trace.diff import first_difference
+from tools.trace.html import render
 
 PROMPTS = ["hello world how are you", "你好", "abc"]  # 小模型的分词器下长度 15、3、2
 NEW = 5
@@ -29,7 +29,7 @@ ENV = dict(os.environ, OMP_NUM_THREADS="1")
 SPY = r'''
 import importlib, json, sys
 import torch
-from tools import trace_record
+from tools.trace import record as trace_record
 
 out, model, gen_args = sys.argv[1], sys.argv[2], sys.argv[3:]
 generate = importlib.import_module("generate")
@@ -256,7 +256,7 @@ def test_missing_model_dir_is_named(tmp_path):
 
 def test_a_chapter_that_cannot_run_the_model_says_why(tiny_models):
     """第 1、2 章只有 Qwen3：没给 --model 时 trace 据此退回小模型，给了就报错。"""
-    from tools.trace import unsupported
+    from tools.trace.cli import unsupported
 
     assert unsupported(find_checkpoint("ch1"), tiny_models["llama3"]).startswith(
         "llama3 是 model_type='llama'，ch1_req_batch 只支持 qwen3-tied、qwen3-untied")

@@ -3,7 +3,7 @@
 - 单独打开（file://，不许有任何网络请求）：滑块、上一步 / 下一步、左右方向键换步，每一步显示的数就是记录里的数，
   鼠标停在槽位上说出请求、位置和 token；暗色方案；汉字画成了字；
 - --against 的 HTML 停在第一个不同的那一步，红框在你的那一格，虚线框在参考的同一格；
-- 嵌在书里（用本书的主题和 tools/mkdocs_hooks.py 构建一页小书）：iframe 按内容撑高，里面一样能换步，跟着书的暗色切换。
+- 嵌在书里（用本书的主题和书的构建钩子构建一页小书）：iframe 按内容撑高，里面一样能换步，跟着书的暗色切换。
 控制台有错误就失败。
 """
 
@@ -26,8 +26,8 @@ import yaml
 
 from tests.repo.test_site import _CJK_SAMPLE, _GLYPHS_JS, _QuietHandler
 from tools.manifest import ROOT
-from tools.mkdocs_hooks import TRACE
-from tools.trace import build_parser, trace
+from tools.book.mkdocs_hooks import TRACE
+from tools.trace.cli import build_parser, trace
 
 PROMPTS = ["hello world how are you", "你好", "abc"]
 
@@ -226,7 +226,8 @@ def book(tmp_path_factory):
         '# 第 4 章的一次运行\n\n{{ trace("ch4_kv_pool", "--prompt \'hello\' --max-new-tokens 3 '
         '--page-size 1 --page-size 4") }}\n', encoding="utf-8")
     config = {k: real[k] for k in ("site_name", "theme", "extra_css", "markdown_extensions")}
-    config.update(docs_dir=str(d / "docs"), strict=True, plugins=[], hooks=[str(ROOT / "tools" / "mkdocs_hooks.py")])
+    config.update(docs_dir=str(d / "docs"), strict=True, plugins=[],
+                  hooks=[str(ROOT / "tools" / "book" / "mkdocs_hooks.py")])
     (d / "mkdocs.yml").write_text(yaml.safe_dump(config, allow_unicode=True), encoding="utf-8")
     res = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(d / "mkdocs.yml"),
                           "--site-dir", str(d / "site")], cwd=ROOT, capture_output=True, text=True,
@@ -272,7 +273,7 @@ def test_trace_works_inside_the_book(open_page, book):
 
 def test_build_cache_key_follows_every_input(tiny_models, tmp_path):
     """构建时的 trace 有缓存：参数、检查点、模型目录里的文件变了，键就得变。"""
-    from tools.mkdocs_hooks import trace_key
+    from tools.book.mkdocs_hooks import trace_key
 
     model = tmp_path / "m"
     shutil.copytree(tiny_models["llama3"], model)

@@ -22,8 +22,8 @@ import pytest
 
 from tools.manifest import load_manifest
 from tools.manifest import load_tasks, match
-from tools.task_table import chapter_of_test
-from tools import stubs, workspace
+from tools.workbench.task_table import chapter_of_test
+from tools.workbench import stubs, workspace
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -109,7 +109,7 @@ def test_start_refuses_an_existing_directory(tmp_path):
 
 
 def test_progress_table_counts_and_names_the_first_failure():
-    from tools.task_table import progress_table
+    from tools.workbench.task_table import progress_table
 
     results = {
         "tests/ch4/test_kv_pool.py::test_task1_shapes_dtype_device": {"outcome": "failed", "reason": "boom"},
@@ -134,7 +134,7 @@ def test_details_are_capped_keeping_head_and_tail():
 
 
 def test_progress_table_prefers_the_failure_naming_its_own_task():
-    from tools.task_table import progress_table
+    from tools.workbench.task_table import progress_table
 
     results = {
         "tests/ch4/test_kv_pool.py::test_task1_a": {"outcome": "failed",
@@ -213,7 +213,7 @@ def test_check_runs_own_tasks_regressions_and_one_task_apart():
 
 
 def test_progress_table_for_one_task_lists_only_that_task():
-    from tools.task_table import progress_table
+    from tools.workbench.task_table import progress_table
 
     results = {"tests/ch4/test_kv_pool.py::test_task2_x": {"outcome": "passed", "reason": ""}}
     table, ok = progress_table(results, 4, only_task=2)
@@ -223,7 +223,7 @@ def test_progress_table_for_one_task_lists_only_that_task():
 def test_given_code_tests_are_a_row_of_their_own_and_not_in_own_or_a_task():
     """第 6 章给定代码自己的测试（tasks.toml 的 given_tests）：只在 given 那一份里，进度表上排在任务之后单独一行。"""
     from tools.manifest import is_given_test
-    from tools.task_table import progress_table
+    from tools.workbench.task_table import progress_table
 
     given = _selected("ch6", 6, MINISGL_SELECT="given")
     own = _selected("ch6", 6, MINISGL_SELECT="own")

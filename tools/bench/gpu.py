@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     use_checkpoint("ch6")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from tools.make_tiny_models import make_random_qwen3_06b
+    from tools.models.make_tiny_models import make_random_qwen3_06b
 
     path = str(make_random_qwen3_06b()) if args.random else args.model
     device = torch.device("cuda:0")

@@ -25,7 +25,7 @@ from datetime import datetime, timezone
 
 from tools.bench.machine import machine_line
 from tools.manifest import ROOT
-from tools.models import SMOLLM2, has_weights
+from tools.models.find import SMOLLM2, has_weights
 
 SNIPPET = ROOT / "docs" / "snippets" / "kernel_threads.md"
 COMMAND = ".venv/bin/python -m tools.bench.threads"
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(child(args.steps)))
         return
     if not has_weights(SMOLLM2):
-        raise SystemExit(f"错误：没有 {SMOLLM2}：先运行 python -m tools.make_smollm2")
+        raise SystemExit(f"错误：没有 {SMOLLM2}：先运行 python -m tools.models.make_smollm2")
     load = f"{os.getloadavg()[0]:.1f}"
     best: dict[str, dict[int, float]] = {}
     pairs: dict[int, list[float]] = {bs: [] for bs in BATCH_SIZES}

@@ -1,4 +1,4 @@
-"""--arch 的根文件系统放在哪里、多大、怎么删，往它的 /src 里拷什么（tools/arch.py 用）。
+"""--arch 的根文件系统放在哪里、多大、怎么删，往它的 /src 里拷什么（tools/arch/qemu.py 用）。
 
 根（约 5 GB，/dev 下有设备文件，dev/fd 指向 /proc）不放在仓库里：仓库只装读者的代码和课程，复制、打包、遍历仓库
 的工具（cp -r、shutil.copytree、备份）读到 dev/zero 这样的设备会一直读下去。它放在用户的缓存目录（$XDG_CACHE_HOME，

@@ -1,6 +1,6 @@
 """生成本书的示意图（docs/images/*.svg）。图里的数都按代码里的同一个式子算出来，不手填：
 
-    python -m tools.make_figures            # 重写全部图；tests/repo/test_figures.py 检查提交的图与它一致
+    python -m tools.book.make_figures            # 重写全部图；tests/repo/test_figures.py 检查提交的图与它一致
 
 - batch-layout：一个 prefill batch 首尾相接（positions、out_loc 同 generate.py，cu_seqlens 同 torch_backend.py）；
 - causal-mask：右下角对齐的因果掩码（torch_backend._attend 的 future 式子）；
@@ -13,8 +13,10 @@
 
 from __future__ import annotations
 
+import argparse
+
+from tools.book.svgkit import BLUE, DARK, GREEN, GREY, INK, LINE, MUTED, ORANGE, PURPLE, RED, SVG
 from tools.manifest import ROOT
-from tools.svgkit import BLUE, DARK, GREEN, GREY, INK, LINE, MUTED, ORANGE, PURPLE, RED, SVG
 
 OUT = ROOT / "docs" / "images"
 REQ_COLORS = [BLUE, GREEN, ORANGE]
@@ -159,7 +161,9 @@ FIGURES = {"batch-layout": batch_layout, "causal-mask": causal_mask, "gqa-heads"
 
 
 def main() -> None:
-    from tools.figures_more import MORE
+    # 没有参数：只认 --help（书里写着这条命令，测试带 --help 跑它）
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
+    from tools.book.figures_more import MORE
 
     for name, make in {**FIGURES, **MORE}.items():
         make().save(OUT / f"{name}.svg")

@@ -3,12 +3,13 @@
 一条报错：id、任务号、情形（页面上那一行）、异常类型、消息必须含有的片段，可选地列出不许出现的片段。
 片段里的 {名字} 是测试自己的输入（路径、值）回显在报错里的部分：测试给出它的值，页面上写成清单 [echo] 表里的词。
 测试经 tests/harness/errors.py 的 expect_error / expect_exit 查报错；页面上的 {{ errors("ch3", 6) }}
-由 tools/mkdocs_hooks.py 换成这一章任务 6 的报错表（原文件里占位符下面跟一行 source_note，构建时一起换掉）。
+由 tools/book/mkdocs_hooks.py 换成这一章任务 6 的报错表（原文件里占位符下面跟一行 source_note，构建时一起换掉）。
 两边读的是同一份清单，所以页面和测试不会说两样话。
 """
 
 from __future__ import annotations
 
+import argparse
 import functools
 import re
 from dataclasses import dataclass, field
@@ -128,7 +129,7 @@ SOURCE_NOTE = "> 这里是一张报错表，只在构建好的书里显示"
 def source_note(folder: str, page: str, task: int | None = None) -> str:
     """docs/chN.md 里每个 {{ errors(…) }} 下面紧跟的一行：在代码托管网站、编辑器里读原文件的人只看得到占位符，
     这一行告诉他表在哪里：同一份清单生成、提交在仓库里的 tests/<folder>/errors.md（tables_file），或者构建好的书。
-    构建时它和占位符一起换成表（tools/mkdocs_hooks.py），书里不出现。"""
+    构建时它和占位符一起换成表（tools/book/mkdocs_hooks.py），书里不出现。"""
     anchor = f"#任务-{task}" if task is not None else ""
     return (f"{SOURCE_NOTE}；读原文件时看 [tests/{folder}/errors.md](../tests/{folder}/errors.md{anchor})"
             f"（同一份清单 `tests/{folder}/errors.toml` 生成的同样的表），"
@@ -146,7 +147,7 @@ def render_file(folder: str) -> str:
     from tools.manifest import load_tasks
 
     head = [f"# {'命令行契约' if folder == 'checkpoint' else f'第 {chapter_of(folder)} 章'}的报错表", "",
-            f"由 `tests/{folder}/errors.toml` 生成（`python -m tools.error_cases` 重写；"
+            f"由 `tests/{folder}/errors.toml` 生成（`python -m tools.book.error_cases` 重写；"
             "`tests/repo/test_error_cases.py` 查它和清单一致），和书里页面上的表是同一份。测试查的就是这些片段。", ""]
     if folder == "checkpoint":
         return "\n".join(head + [render_table(folder), ""])
@@ -188,6 +189,12 @@ def render_table(folder: str, task: int | None = None) -> str:
     return "\n".join(out)
 
 
-if __name__ == "__main__":
+def main() -> None:
+    """python -m tools.book.error_cases：重写过时了的 tests/<folder>/errors.md；没有参数，只认 --help。"""
+    argparse.ArgumentParser(description=main.__doc__).parse_args()
     for p in write_files():
         print(f"写了 {p.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()

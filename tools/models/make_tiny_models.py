@@ -3,8 +3,8 @@
 每个模型都由真正的 transformers 配置类构造、用 save_pretrained 保存，所以它们和真模型走同一条加载路径；
 分词器在仓库自带的语料（英文、中文、代码）上本地训练，不碰任何 hub。结果完全确定：同样的版本，同样的字节。
 
-    python -m tools.make_tiny_models              # 写到 models/tiny/<name>/
-    python -m tools.make_tiny_models --out DIR    # 写到 DIR/<name>/
+    python -m tools.models.make_tiny_models              # 写到 models/tiny/<name>/
+    python -m tools.models.make_tiny_models --out DIR    # 写到 DIR/<name>/
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CORPUS = Path(__file__).resolve().parent / "corpus"
 DEFAULT_OUT = ROOT / "models" / "tiny"
 VOCAB = 1024  # 能被 2 和 4 整除：第 2 章的张量并行测试要切词表
@@ -178,6 +178,8 @@ def make_model(name: str, out_dir: Path, tokenizer_dir: Path) -> Path:
     tok.save_pretrained(path)
     if form == "hub":
         _to_hub_form(path / "config.json")
+    # 这行字是模型字节的一部分（test_deterministic 比较整个目录），tools/ 分包前写出的小模型并不重做：
+    # 所以保留旧路径的原文，新旧两份才逐字节相同
     (path / "TINY_MODEL").write_text(f"random weights, seed {SEED}, spec {spec_digest(name)}, "
                                      "written by tools/make_tiny_models.py\n")
     return path

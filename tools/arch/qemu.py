@@ -3,7 +3,7 @@
 第 6 章的 C++ 核有一段 `#if defined(__aarch64__)`，x86 上从来编不到它。这里用 mmdebstrap 建一个 arm64 的 Debian bookworm
 根文件系统（python3、python3-dev、g++），建 venv，装 PyPI 的 aarch64 wheel（requirements.txt 钉的版本，只装测试要的；
 aarch64 的 torch 带着 CUDA 的库，约 3 GB），缓存在用户的缓存目录里（约 5 GB，不在仓库里；在哪、怎么删见
-tools/arch_cache.py，--clean 删掉它），版本一变就重建。每次把工作区（git 跟踪的和没被忽略的文件，只拷普通文件和
+tools/arch/cache.py，--clean 删掉它），版本一变就重建。每次把工作区（git 跟踪的和没被忽略的文件，只拷普通文件和
 指向仓库里面的链接）拷进根里的 /src，在私有的 mount 命名空间里 chroot 进去跑 pytest：程序由 binfmt_misc 交给
 qemu-aarch64 执行，C++ 核由根里的 g++ 按 utils.py 的选项现编。-mcpu=native 也编得过：qemu-user 的 /proc/cpuinfo 是本机
 （x86）的，gcc 认不出型号，退回通用的 armv8-a（NEON，128 位），正是那段代码的基线。不挂本机的 /sys（aarch64 的 torch
@@ -28,8 +28,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from tools import arch_cache, run_tests
-from tools.arch_cache import Refused, sync_src
+from tools import run_tests
+from tools.arch import cache as arch_cache
+from tools.arch.cache import Refused, sync_src
 from tools.manifest import ROOT, by_name, load_manifest
 
 ARCHS = {"aarch64": "arm64"}  # --arch 的名字 -> Debian 的架构名

@@ -1,6 +1,6 @@
 """自己动手的起点：从参考检查点现生成"桩"（AST 变换，不手写，所以和参考代码不会不一致）。
 
-python course.py start ch4 复制上一章的检查点（目录的事在 tools/workspace.py），再把本章新增、修改的文件
+python course.py start ch4 复制上一章的检查点（目录的事在 tools/workbench/workspace.py），再把本章新增、修改的文件
 （checkpoints.toml 的 changes）写成桩：
 签名、类型注解、docstring（含形状约定）、模块级的 import 和常量、类的字段都原样保留，函数体换成
 raise NotImplementedError("第 4 章 · 任务 K：名字")。哪些函数体保留：

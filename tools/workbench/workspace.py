@@ -1,6 +1,6 @@
 """读者的工作目录：python course.py start chN 写出的 my_chN（上一章 + 本章的桩）。
 
-桩本身怎么生成（哪些函数、函数体换成什么）在 tools/stubs.py；这里只管目录：从哪里复制、写到哪里。
+桩本身怎么生成（哪些函数、函数体换成什么）在 tools/workbench/stubs.py；这里只管目录：从哪里复制、写到哪里。
 start chN --from DIR 让工作目录从读者自己的上一章长出来（grow_workspace）：
 
 - 第 N 章不改的文件：来自 DIR，逐字节；
@@ -17,12 +17,11 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from tools.carry_code import Learner, bodies, carry
+from tools.workbench.carry_code import Grown, Learner, bodies, carry
 from tools.manifest import Checkpoint, checkpoint_files, is_given
-from tools.stubs import Stub, changes, find_stubs, previous, stub_source
+from tools.workbench.stubs import Stub, changes, find_stubs, previous, stub_source
 
 
 def exists_line(dest: Path) -> str:
@@ -82,21 +81,6 @@ def _make(ck: Checkpoint, dest: Path) -> list[Stub]:
         else:
             shutil.copyfile(src, dst)
     return stubs
-
-
-@dataclass
-class Grown:
-    """grow_workspace 做了什么：start 据此告诉读者哪些是自己的、哪些来自本书。"""
-    stubs: list[Stub]
-    carried: list[str] = field(default_factory=list)  # "文件:限定名"：函数体来自读者的目录
-    rewritten: list[str] = field(default_factory=list)  # carried 里和本书写法不同的
-    missing: list[str] = field(default_factory=list)  # 读者的目录里没有，用了本书的函数体
-    added: list[str] = field(default_factory=list)  # 读者自己加的顶层定义、import、方法
-    from_dir: list[str] = field(default_factory=list)  # 整份来自读者目录的文件
-    given: list[str] = field(default_factory=list)  # 给定的文件（本书的文件，本章没改的函数带上读者的）
-    replaced: list[str] = field(default_factory=list)  # 给定的文件改了的函数：读者有，用了本书的新版本
-    lost: list[str] = field(default_factory=list)  # replaced 里读者的写法和本书上一章不同的
-    notes: list[str] = field(default_factory=list)  # 别的要说的：解析不了的文件、同名冲突、缺的文件
 
 
 def grow_workspace(ck: Checkpoint, dest: Path, mine: Path) -> Grown:

@@ -1,20 +1,33 @@
 """start chN --from DIR 的 Python 部分：把读者在 DIR 里写的函数体、自己加的定义搬进参考生成的桩文件。
 
-tools/workspace.py 决定每个文件从哪里来；这里只处理第 N 章改的 Python 文件和给定的文件（carry）：参考里和
+tools/workbench/workspace.py 决定每个文件从哪里来；这里只处理第 N 章改的 Python 文件和给定的文件（carry）：参考里和
 上一章一模一样的函数换成读者的函数体（源码原样，注释和写法都保留），读者自己加的顶层函数、类、常量、import 和
 方法接上去。给定的文件里本章改了的函数用本书的新版本：读者也有这个函数时记下来，start 说出来。
+记录这些的 Grown 也在这里：workspace.py 在上面用它，这里不回头 import workspace。
 """
 
 from __future__ import annotations
 
 import ast
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from tools.stubs import body, functions
+from tools.workbench.stubs import Stub, body, functions
 
-if TYPE_CHECKING:
-    from tools.workspace import Grown
+
+@dataclass
+class Grown:
+    """grow_workspace 做了什么：start 据此告诉读者哪些是自己的、哪些来自本书。"""
+    stubs: list[Stub]
+    carried: list[str] = field(default_factory=list)  # "文件:限定名"：函数体来自读者的目录
+    rewritten: list[str] = field(default_factory=list)  # carried 里和本书写法不同的
+    missing: list[str] = field(default_factory=list)  # 读者的目录里没有，用了本书的函数体
+    added: list[str] = field(default_factory=list)  # 读者自己加的顶层定义、import、方法
+    from_dir: list[str] = field(default_factory=list)  # 整份来自读者目录的文件
+    given: list[str] = field(default_factory=list)  # 给定的文件（本书的文件，本章没改的函数带上读者的）
+    replaced: list[str] = field(default_factory=list)  # 给定的文件改了的函数：读者有，用了本书的新版本
+    lost: list[str] = field(default_factory=list)  # replaced 里读者的写法和本书上一章不同的
+    notes: list[str] = field(default_factory=list)  # 别的要说的：解析不了的文件、同名冲突、缺的文件
 
 
 class Learner:

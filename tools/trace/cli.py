@@ -5,7 +5,7 @@
 
 CHECKPOINT 默认 ch6，也可以是自己的目录（配合 --as chN）。--page-size 给几次就并排几份。
 --against REF 在同样的输入上再跑参考检查点，先报出第一个不同的步和字段，HTML 里标出同一处。
-记录在检查点的进程里做（tools/trace_record.py），不改章节代码；画图在 tools/trace_html.py。
+记录在检查点的进程里做（tools/trace/record.py），不改章节代码；画图在 tools/trace/html.py。
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ def milestone_prompts() -> list[str]:
 
 
 def default_model() -> Path:
-    """和演示用同一个模型（tools.models.find_model）；退回离线小模型时说为什么。"""
-    from tools.models import find_model
+    """和演示用同一个模型（tools.models.find.find_model）；退回离线小模型时说为什么。"""
+    from tools.models.find import find_model
 
     choice = find_model(make=True, tiny=True, quiet=True)
     if choice.why_tiny:
@@ -58,7 +58,7 @@ def check_chapter(ck: Checkpoint, page_sizes: list[int]) -> None:
 
 def unsupported(ck: Checkpoint, model: Path) -> str | None:
     """这一章跑不了这个模型时说明原因（第 1、2 章只有 Qwen3）；跑得了时 None。"""
-    from tools.models import unsupported_reason
+    from tools.models.find import unsupported_reason
 
     if not (model / "config.json").is_file():
         raise TraceError(f"--model {model}：找不到 {model / 'config.json'}")
@@ -75,7 +75,7 @@ def run_trace(ck: Checkpoint, model: Path, prompts: list[str], max_new_tokens: i
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // share))
     with tempfile.TemporaryDirectory() as d:
         out = Path(d) / "trace.json"
-        res = subprocess.run([sys.executable, "-m", "tools.trace_record", str(out), "--", *gen], cwd=ck.path, env=env,
+        res = subprocess.run([sys.executable, "-m", "tools.trace.record", str(out), "--", *gen], cwd=ck.path, env=env,
                              capture_output=True, text=True)
         if out.exists():
             data = json.loads(out.read_text(encoding="utf-8"))
@@ -127,8 +127,8 @@ def _checkpoint(spec: str, as_chapter: str | None) -> Checkpoint:
 
 def trace(argv: list[str]) -> tuple[list[dict], dict | None, Path]:
     """解析参数、跑检查点（和参考），写 HTML。返回 (每份记录, 第一个不同, 写到的文件)。"""
-    from tools.trace_diff import first_difference
-    from tools.trace_html import render
+    from tools.trace.diff import first_difference
+    from tools.trace.html import render
 
     args = build_parser().parse_args(argv)
     ck = _checkpoint(args.checkpoint, args.as_chapter)
@@ -145,7 +145,7 @@ def trace(argv: list[str]) -> tuple[list[dict], dict | None, Path]:
         if (why := unsupported(c, model)) and args.model:
             raise TraceError(f"--model {args.model}：{why}：换一个模型，例如 --model models/tiny/qwen3-tied")
         if why:  # 没指定模型：退回这一章跑得了的离线小模型
-            from tools.make_tiny_models import make_all
+            from tools.models.make_tiny_models import make_all
 
             model = make_all(names=["qwen3-tied"])["qwen3-tied"]
             print(f"{why}：改用离线小模型 {model.relative_to(ROOT)}", file=sys.stderr)

@@ -1,4 +1,4 @@
-"""tools.make_figures 的其余几张图：张量并行的切法、Engine 的初始化顺序、流式加载的时间线、每章的路线图。"""
+"""tools.book.make_figures 的其余几张图：张量并行的切法、Engine 的初始化顺序、流式加载的时间线、每章的路线图。"""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import importlib.util
 from pathlib import Path
 
 from tools.manifest import use_checkpoint
-from tools.svgkit import BLUE, DARK, GREEN, GREY, INK, LINE, MUTED, ORANGE, PURPLE, RED, SVG
+from tools.book.svgkit import BLUE, DARK, GREEN, GREY, INK, LINE, MUTED, ORANGE, PURPLE, RED, SVG
 
 
 def tp_cut() -> SVG:
@@ -117,7 +117,7 @@ def _load_keys(weight) -> list[tuple[str, str]]:
     """小模型 qwen3-untied 检查点里 load_weight 读到的键的真实顺序：(分片文件名, 键)。"""
     from safetensors import safe_open
 
-    from tools.make_tiny_models import make_all
+    from tools.models.make_tiny_models import make_all
 
     path = make_all(names=["qwen3-untied"])["qwen3-untied"]
     out = []

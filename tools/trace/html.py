@@ -1,6 +1,6 @@
 """把 tools.trace 的记录写成一个自带脚本和样式的 HTML：双击就能打开，不取任何网络资源。
 
-脚本和样式在 tools/trace_assets/，原样内联；记录放在一个 application/json 的 script 标签里。
+脚本和样式在 tools/trace/assets/，原样内联；记录放在一个 application/json 的 script 标签里。
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import html
 import json
 from pathlib import Path
 
-ASSETS = Path(__file__).resolve().parent / "trace_assets"
+ASSETS = Path(__file__).resolve().parent / "assets"
 
 
 def _roles(traces: list[dict], diff_mode: bool) -> list[str]:

