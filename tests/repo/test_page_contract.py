@@ -19,7 +19,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import torch
 
 try:
@@ -61,7 +60,7 @@ def test_ch2_parameters_follow_the_default_dtype():
             if isinstance(call, ast.Call) and ast.unparse(call.func) == "torch.empty":
                 assert not any(k.arg == "dtype" for k in call.keywords), f"{f.name}: {ast.unparse(call)}"
     page = _flat(_task(2, 2))
-    assert "默认 dtype" in page and "torch.set_default_dtype(torch.bfloat16)" in page, "第 2 章任务 2 要说参数按默认 dtype 建"
+    assert "默认 dtype" in page and "torch.set_default_dtype(torch.bfloat16)" in page, "任务 2 要说参数按默认 dtype 建"
 
 
 def test_ch2_page_gives_rope_its_head_shaped_input_and_dtype():
