@@ -8,8 +8,9 @@
     python -m tools.run_tests --real           # 另加真权重一档（没有真模型时先做 models/SmolLM2-135M）
 
 先打印摘要（每个检查点一行），再打印失败的细节（--tb=short，有上限），所以摘要永远不会被长长的张量打印挤掉。
-只测一个检查点时分几个进程：本章的任务先出进度表；给定代码自己的测试、前面各章的测试（回归）和真权重一档随后，
-最后打一张合起来的表。测的是读者的目录（不是书里的检查点）时，结果记进 .cache/course/（workbench/course_record.py），
+只测一个检查点时分几个进程同时跑：本章的任务、给定代码自己的测试和前面各章的测试（回归）、
+真权重一档；每一份跑完打一行摘要，全部跑完打一张按任务的表（只打一次）和总的墙上时间。
+测的是读者的目录（不是书里的检查点）时，结果记进 .cache/course/（workbench/course_record.py），
 python course.py progress 读它。
 """
 
@@ -127,8 +128,10 @@ def main() -> int:
     jobs += [(c.name, pytest + ["--checkpoint", c.name], {}) for c in load_manifest()]
     if not args.no_docs:  # mkdocs build --strict，再在无头浏览器里打开（tests/repo/test_site.py）
         jobs.append(("文档", [sys.executable, "-m", "pytest", SITE_TEST, "-q", "-p", "no:cacheprovider", "-rs"], {}))
-    passed, failed, details = _run(jobs, env, args.jobs)
-    return _finish(passed, failed, details)
+    tally: dict = {}
+    t0 = time.perf_counter()
+    passed, failed, details = _run(jobs, env, args.jobs, tally=tally)
+    return _finish(passed, failed, details, tally.get("skipped", 0), _wall(t0, jobs, args.jobs))
 
 
 def _real_present() -> bool:
@@ -172,28 +175,32 @@ def _one_checkpoint(args, pytest: list[str], env: dict) -> int:
         jobs.append(("真权重一档", base + ["--real"], dict(sel, MINISGL_SELECT="real")))
     merged: dict = {}
 
-    def first_table(name, results):
+    def collect(name, results):
         bad = not results or any(r["outcome"] in ("failed", "error") for r in results.values())
         if name == "本章的任务" and bad and not args.task:  # 本章的任务没全过：真模型上再跑一遍说不出新东西
             _stop("真权重一档")
-        if name == "本章的任务":
-            table, _ = progress_table(results, ck.chapter, only_task=args.task)
-            only = f"，只跑任务 {args.task}" if args.task else "，只跑本章的任务" if args.own else ""
-            print(f"\n{ck.path.name}（按第 {ck.chapter} 章的任务{only}）：\n"
-                  f"{table}\n", flush=True)
         merged.update(results)
 
-    # 几份同时起，第一份（本章的任务，进度表先打印）优先，其余的调低优先级：它们只用第一份空出来的 CPU，
+    # 几份同时起，第一份（本章的任务）优先，其余的调低优先级：它们只用第一份空出来的 CPU，
     # 最后也不会剩一个进程独自跑、另一个核闲着。-j 1 时一份接一份
-    passed, failed, details = _run(jobs, env, len(jobs) if args.jobs > 1 else 1, first_table, empty_ok=True,
-                                   nice_rest=args.jobs > 1)
-    if len(jobs) > 1:
-        table, _ = progress_table(merged, ck.chapter, only_task=args.task)
-        print(f"\n{ck.path.name}（全部：{'、'.join(name for name, _, _ in jobs)}）：\n{table}")
+    n_jobs = len(jobs) if args.jobs > 1 else 1
+    tally: dict = {}
+    t0 = time.perf_counter()
+    passed, failed, details = _run(jobs, env, n_jobs, collect, empty_ok=True, nice_rest=args.jobs > 1, tally=tally)
+    # 表只打一次，在全部跑完之后：真权重一档的测试归在某个任务下，早打的表会和这张对不上
+    table, _ = progress_table(merged, ck.chapter, only_task=args.task)
+    only = f"，只跑任务 {args.task}" if args.task else "，只跑本章的任务" if args.own else ""
+    ran = f"；跑了：{'、'.join(name for name, _, _ in jobs if name not in _STOPPED)}" if len(jobs) > 1 else ""
+    print(f"\n{ck.path.name}（按第 {ck.chapter} 章的任务{only}{ran}）：\n{table}\n", flush=True)
     if ck.path.resolve() not in {c.path.resolve() for c in load_manifest()}:  # 读者的目录：记下来给 progress 看
         selection = f"task {args.task}" if args.task else "own" if args.own else "all"
         write_check(ck.path, ck.chapter, merged, selection)
-    return _finish(passed, failed, details)
+    return _finish(passed, failed, details, tally.get("skipped", 0), _wall(t0, jobs, n_jobs))
+
+
+def _wall(t0: float, jobs: list, n_jobs: int) -> tuple[float, bool]:
+    """(整次的墙上时间, 是不是几份同时跑的)：同时跑时每一份的秒数互相重叠，加起来比墙上时间长。"""
+    return time.perf_counter() - t0, n_jobs > 1 and len(jobs) > 1
 
 
 def _real_tier(args, ck) -> bool:
@@ -217,7 +224,8 @@ def _real_tier(args, ck) -> bool:
     real = find_model()
     why = unsupported_reason(ck, real.path) if real is not None else None
     if why:
-        print(f"真权重一档不适用：{why}", flush=True)
+        print(f"真权重一档：这一章不跑（说明，不是问题）。真模型 {why}。这一章和 HF 逐 token 对齐的检查用离线小模型，"
+              "真模型上的检查从支持它的那一章起由 check 带上", flush=True)
         return False
     if real is not None:
         why = "" if args.real else "（check 有真模型就带上这一档；只要快的反馈用 --task K 或 --own）"
@@ -225,8 +233,10 @@ def _real_tier(args, ck) -> bool:
     return True
 
 
-def _run(jobs, env: dict, n_jobs: int, on_done=None, empty_ok: bool = False, nice_rest: bool = False):
-    """并行跑 jobs，按提交的顺序每完成一个打印一行摘要；on_done(name, results) 在打印之后调用。"""
+def _run(jobs, env: dict, n_jobs: int, on_done=None, empty_ok: bool = False, nice_rest: bool = False,
+         tally: dict | None = None):
+    """并行跑 jobs，按提交的顺序每完成一个打印一行摘要；on_done(name, results) 在打印之后调用。
+    tally 给了时把跳过的个数加进 tally["skipped"]（返回值仍是三项：tools/arch.py 也用它）。"""
     passed = failed = 0
     details = []
     with ThreadPoolExecutor(n_jobs) as pool:
@@ -244,7 +254,9 @@ def _run(jobs, env: dict, n_jobs: int, on_done=None, empty_ok: bool = False, nic
             if rc != 0 and f == 0:
                 f = 1  # 收集错误、退出码 5（没有测试）等也算失败
             passed, failed = passed + p, failed + f
-            skipped = f", {counts['skipped']} skipped（带理由，-rs 可见）" if counts.get("skipped") else ""
+            if tally is not None:
+                tally["skipped"] = tally.get("skipped", 0) + counts.get("skipped", 0)
+            skipped = f", {counts['skipped']} skipped" if counts.get("skipped") else ""
             verdict = "通过" if f == 0 else "失败"
             print(f"{verdict}  {name}: {p} passed, {f} failed{skipped}（{secs:.0f} s）", flush=True)
             if counts.get("skipped"):  # 比如没装 chromium、第 0~2 步不支持 Llama：把理由告诉读者
@@ -259,13 +271,18 @@ def _run(jobs, env: dict, n_jobs: int, on_done=None, empty_ok: bool = False, nic
     return passed, failed, details
 
 
-def _finish(passed: int, failed: int, details: list) -> int:
-    print(f"{passed} passed, {failed} failed")
+def _finish(passed: int, failed: int, details: list, skipped: int = 0, wall: tuple[float, bool] | None = None) -> int:
+    """最后一行是 pytest 式的计数（有跳过的才写 skipped）；wall 是 _wall 的结果：几份同时跑时说明各份的秒数有重叠。"""
+    if wall is not None:
+        overlap = "；上面几份同时跑，各自的秒数互相重叠，加起来比它长" if wall[1] else ""
+        print(f"墙上时间 {wall[0]:.0f} s{overlap}")
+    counts = f"{passed} passed, {failed} failed" + (f", {skipped} skipped" if skipped else "")
+    print(counts)
     for name, out in details:
         print(f"\n======== {name} 的失败细节 ========")
         print(capped(out, DETAILS_CAP // len(details)))
     if details:
-        print(f"\n{passed} passed, {failed} failed（摘要见上面）")
+        print(f"\n{counts}（摘要见上面）")
     return 1 if failed else 0
 
 

@@ -253,3 +253,58 @@ def test_task_and_own_run_the_real_tier_only_when_asked(capsys):
         ran, out = decide(**kw)
         assert not ran, kw
         assert said in out, out
+
+
+def test_check_summary_counts_skips_and_says_the_parts_overlap(capsys):
+    """每一份的摘要带跳过的个数（理由另起几行列出），最后一行也带；几份同时跑时说明各份的秒数互相重叠。"""
+    from tools import run_tests
+
+    job = [sys.executable, "-c", "print('3 passed, 2 skipped in 0.1s')"]
+    tally: dict = {}
+    passed, failed, details = run_tests._run([("甲", job, {}), ("乙", job, {})], dict(os.environ), 2, tally=tally)
+    out = capsys.readouterr().out
+    assert (passed, failed, tally["skipped"]) == (6, 0, 4), out
+    assert "通过  甲: 3 passed, 0 failed, 2 skipped（" in out and "-rs" not in out, out
+    assert run_tests._finish(passed, failed, details, tally["skipped"], (1.0, True)) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1] == "6 passed, 0 failed, 4 skipped" and "同时跑" in lines[-2], lines
+
+
+def test_check_prints_the_task_table_once(monkeypatch, capsys):
+    """本章的任务、回归、真权重一档各跑一份，按任务的表只在全部跑完之后打一次（表头写着跑了哪几份）。"""
+    import argparse
+
+    from tools import run_tests
+
+    results = {"tests/ch3/test_models.py::test_task2_x": {"outcome": "passed", "reason": ""}}
+
+    def fake_run(jobs, env, n_jobs, on_done=None, **kw):
+        for name, _, _ in jobs:
+            on_done(name, results)
+        return 1, 0, []
+
+    monkeypatch.setattr(run_tests, "_run", fake_run)
+    monkeypatch.setattr(run_tests, "_real_tier", lambda args, ck: True)
+    monkeypatch.setattr(run_tests, "_prepare_real", lambda: None)
+    args = argparse.Namespace(checkpoint="ch3", as_chapter=None, task=None, own=False, real=True,
+                              real_if_present=False, jobs=2)
+    assert run_tests._one_checkpoint(args, ["pytest"], {}) == 0
+    out = capsys.readouterr().out
+    assert out.count("第一个没通过的测试") == 1, out
+    header = next(ln for ln in out.splitlines() if ln.startswith("ch3_model_loading（"))
+    assert "本章的任务" in header and "真权重一档" in header, header
+
+
+def test_real_tier_absence_reads_as_information(monkeypatch, capsys, tiny_models):
+    """这一章装不下真模型的家族：说这一章不跑、为什么、从哪一章起跑，不读成警告。"""
+    import argparse
+    import types
+
+    from tools import run_tests
+    from tools.manifest import find_checkpoint
+
+    monkeypatch.setattr(run_tests, "find_model", lambda **kw: types.SimpleNamespace(path=tiny_models["llama3"]))
+    args = argparse.Namespace(real=True, real_if_present=False, own=False, task=None)
+    assert run_tests._real_tier(args, find_checkpoint("ch2")) is False
+    out = capsys.readouterr().out
+    assert out.startswith("真权重一档：这一章不跑") and "不适用" not in out and "第 3 章起" in out, out

@@ -1,8 +1,8 @@
 """词嵌入和 LM head，按词表切（词表并行）。
 
-形状约定（tp 份中的一份，V_tp = ceil(V / tp)）：
-- VocabParallelEmbedding: weight (V_tp, D)；ids (N,) -> (N, D)。不归自己管的 id 查出 0，各份求和。
-- ParallelLMHead:         weight (V_tp, D)；x (N, D) -> logits (bs, V)。prefill 时只有每个请求的最后一个 token
+形状约定（tp 份中的一份，V_tp = ceil(V / tp)，E = embedding_dim）：
+- VocabParallelEmbedding: weight (V_tp, E)；ids (N,) -> (N, E)。不归自己管的 id 查出 0，各份求和。
+- ParallelLMHead:         weight (V_tp, E)；x (N, E) -> logits (bs, V)。prefill 时只有每个请求的最后一个 token
   进 LM head（其余位置的 logits 没人要）；各份的 logits 沿词表拼接（all-gather）。
 """
 
@@ -73,7 +73,7 @@ class ParallelLMHead(VocabParallelEmbedding):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch = get_global_ctx().batch
-        if batch.is_prefill:  # 只留每个请求的最后一个 token：(N, D) -> (bs, D)
+        if batch.is_prefill:  # 只留每个请求的最后一个 token：(N, E) -> (bs, E)
             x = x[torch.tensor([r.extend_len for r in batch.reqs]).cumsum(0) - 1]
         weight = self.weight if self.tied_embedding is None else self.tied_embedding.weight
         logits = F.linear(x, weight, self.bias)

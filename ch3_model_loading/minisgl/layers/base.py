@@ -32,7 +32,9 @@ def _check_full_shape(full: torch.Tensor, *expected: int) -> torch.Tensor:
 
 class BaseOP:
     """遍历 self.__dict__（按属性定义的顺序）：张量是参数，BaseOP 是子算子，
-    名字以 _ 开头的和其他东西（数字、函数、None）都不算。"""
+    名字以 _ 开头的和其他东西（数字、函数、None）都不算。
+    子类用 torch.empty(...) 建参数、不写 dtype：跟着 torch 的默认 dtype，
+    引擎才能按自己的 dtype（和 meta 设备）建模型。"""
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError

@@ -1,6 +1,7 @@
 """旋转位置编码（RoPE），"前一半和后一半配对"的 neox 风格，和 HF 的 rotate_half 一致。
 
-形状约定：positions (N,) 整数；query (N, H_q·D)，key (N, H_kv·D) -> 同形状。
+形状约定：positions (N,) 整数；query (N, H_q·D) 或 (N, H_q, D)，key (N, H_kv·D) 或 (N, H_kv, D)
+-> 同形状、同 dtype（旋转在 fp32 里做，再转回输入的 dtype）。
 cos/sin 表按 (max_position, 2D) 预先算好（每行 [cos, cos, -sin, sin]，各 D/2 列），forward 只查表。
 """
 

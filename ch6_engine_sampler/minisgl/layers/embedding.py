@@ -1,8 +1,8 @@
 """词嵌入和 LM head，按词表切（词表并行）。
 
-形状约定（tp 份中的一份，V_tp = ceil(V / tp)）：
-- VocabParallelEmbedding: weight (V_tp, D)；ids (N,) -> (N, D)。不归自己管的 id 查出 0，各份求和。
-- ParallelLMHead:         weight (V_tp, D)；x (N, D) -> logits。prefill 时只有每个真请求的最后一个 token 进 LM head
+形状约定（tp 份中的一份，V_tp = ceil(V / tp)，E = embedding_dim）：
+- VocabParallelEmbedding: weight (V_tp, E)；ids (N,) -> (N, E)。不归自己管的 id 查出 0，各份求和。
+- ParallelLMHead:         weight (V_tp, E)；x (N, E) -> logits。prefill 时只有每个真请求的最后一个 token 进 LM head
   （行号来自 attn_metadata.get_last_indices(bs)，其余位置的 logits 没人要）-> (bs, V)；decode 时每个请求正好一个
   token，不挑行，N 行全进（含凑批的假请求）-> (padded_bs, V)，调用方只用前 bs 行。
   各份的 logits 沿词表拼接（all-gather）。
@@ -80,10 +80,10 @@ class ParallelLMHead(VocabParallelEmbedding):
         self._linear = cpu_op("linear", weight) or F.linear  # 权重到了才知道设备和 dtype：只选这一次
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x (N, D)。prefill：取每个真请求最后一个 token 的行 -> (bs, V)；
+        """x (N, E)。prefill：取每个真请求最后一个 token 的行 -> (bs, V)；
         decode：N 行全算（含凑批的假请求）-> (padded_bs, V)。"""
         batch = get_global_ctx().batch
-        if batch.is_prefill:  # 只留每个请求的最后一个 token：(N, D) -> (bs, D)，行号由注意力元数据给出
+        if batch.is_prefill:  # 只留每个请求的最后一个 token：(N, E) -> (bs, E)，行号由注意力元数据给出
             x = x[batch.attn_metadata.get_last_indices(batch.size).long()]
         weight = self.weight if self.tied_embedding is None else self.tied_embedding.weight
         logits = self._linear(x, weight, self.bias)
