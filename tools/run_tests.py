@@ -236,7 +236,7 @@ def _real_tier(args, ck) -> bool:
 def _run(jobs, env: dict, n_jobs: int, on_done=None, empty_ok: bool = False, nice_rest: bool = False,
          tally: dict | None = None):
     """并行跑 jobs，按提交的顺序每完成一个打印一行摘要；on_done(name, results) 在打印之后调用。
-    tally 给了时把跳过的个数加进 tally["skipped"]（返回值仍是三项：tools/arch.py 也用它）。"""
+    tally 给了时把跳过的个数加进 tally["skipped"]（返回值仍是三项：tools/arch/ 也用它）。"""
     passed = failed = 0
     details = []
     with ThreadPoolExecutor(n_jobs) as pool:
