@@ -47,8 +47,8 @@ def generate(engine: Engine, prompt_ids: list[list[int]], params: SamplingParams
         tokens, step_logits = step(engine, table, cache, reqs, phase)
         for out, t in zip(outs, tokens):
             out.append(t)
-        if keep_logits:
-            logits.append(step_logits)
+        if keep_logits:  # 要复制：用 CUDA 图时这份 logits 在图的静态缓冲里，下一步就被覆盖
+            logits.append(step_logits.clone())
     return outs, logits
 
 

@@ -18,12 +18,13 @@ def test_without_cuda_it_says_one_line(capsys):
 
 def test_table_is_computed_from_the_measurements():
     """下限 = 权重字节数 / 拷贝速度，每一列一样；ms/步保留一位小数。"""
-    text = gpu.render("GPU X", weights=2 * 10**9, bandwidth=4e12, engine={1: 0.0257, 64: 0.0224},
-                      hf={1: 0.0307, 64: 0.0262}, steps=31)
+    text = gpu.render("GPU X", weights=2 * 10**9, bandwidth=4e12, engine={1: 0.0021, 64: 0.0049},
+                      eager={1: 0.0257, 64: 0.0224}, hf={1: 0.0307, 64: 0.0262}, steps=31)
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
             for line in text.splitlines() if line.startswith("| ") and "---" not in line}
     assert rows["decode ms/步"] == ["bs 1", "bs 64"]
-    assert rows["第 6 章的 Engine"] == ["25.7", "22.4"]
+    assert rows["第 6 章的 Engine，CUDA 图"] == ["2.1", "4.9"]
+    assert rows["第 6 章的 Engine，不录图"] == ["25.7", "22.4"]
     assert rows["HF transformers（eager）"] == ["30.7", "26.2"]
     assert rows["下限：权重读一遍"] == ["0.50", "0.50"]
     assert "GPU X" in text and "4.00 TB/s" in text

@@ -85,16 +85,50 @@ def test_rule_factory(gpu):
 def test_rule_host_sync(gpu):
     x = torch.arange(4, device=gpu.device)
     reads = [lambda: int(x[0]), lambda: x.tolist(), lambda: x.cpu(), lambda: x.nonzero(), lambda: x[x > 1],
-             lambda: torch.cuda.synchronize()]
+             lambda: torch.cuda.synchronize(),
+             lambda: torch.arange(4).to(gpu.device),  # 不带 non_blocking 的上传：拷完要等流
+             lambda: torch.tensor([1, 2], device=gpu.device),
+             lambda: x[torch.tensor([0])]]  # CPU 上的下标先同步地拷上设备
     for read in reads:
         before = len(gpu.syncs)
         read()
         assert len(gpu.syncs) == before + 1, gpu.syncs.since(before)
     before = len(gpu.syncs)
-    y = (x + 1) * 2  # 留在设备上的计算、主存到设备的拷贝：都不读回
-    torch.arange(4).to(gpu.device)
-    y[torch.tensor([0])] = 5
+    y = (x + 1) * 2  # 留在设备上的计算、non_blocking 的上传、设备上的下标：主机都不等
+    torch.arange(4).to(gpu.device, non_blocking=True)
+    y[torch.tensor([0]).to(gpu.device, non_blocking=True)] = 5
     assert gpu.syncs.since(before) == []
+
+
+
+def test_rule_graph_capture(gpu):
+    """录下的是设备上的算子：重放时读缓冲的新内容，视图和原地算子照样生效；Python 的数停在录的那一刻。"""
+    static_in = torch.zeros(4, device=gpu.device)
+    scale = torch.full((4,), 2.0, device=gpu.device)
+    offset = [3.0]  # 录图时读进来的 Python 数
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = static_in * scale + offset[0]
+        head = out[:2]  # 视图
+        out.add_(1.0)  # 原地
+    static_in.copy_(torch.arange(4.0))
+    offset[0] = 100.0
+    g.replay()
+    torch.cuda.synchronize()
+    assert out.cpu().tolist() == [4.0, 6.0, 8.0, 10.0]  # x·2 + 3 + 1：3 是录图时的数，不是 100
+    assert head.cpu().tolist() == [4.0, 6.0]
+    static_in.fill_(1.0)
+    g.replay()
+    assert out.cpu().tolist() == [6.0] * 4
+
+
+def test_rule_graph_no_host_sync(gpu):
+    x = torch.arange(4, device=gpu.device)
+    g = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="stream is capturing|capture"):
+        with torch.cuda.graph(g):
+            y = x * 2
+            y.sum().item()
 
 
 NEGATIVE = textwrap.dedent("""

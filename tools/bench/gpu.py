@@ -1,5 +1,6 @@
-"""python -m tools.bench.gpu：有 CUDA 的机器上，在同一个进程里并排测第 6 章的 Engine、HF transformers（eager）和
-这块卡的访存下限，写进 docs/snippets/bench_cuda.md（书里"在哪些机器上跑过"的 GPU 一行引用它）。
+"""python -m tools.bench.gpu：有 CUDA 的机器上，在同一个进程里并排测第 6 章的 Engine（录 CUDA 图和
+不录）、HF transformers（eager）和这块卡的访存下限，写进 docs/snippets/bench_cuda.md
+（书里"在哪些机器上跑过"的 GPU 一行引用它）。
 
     python -m tools.bench.gpu --random-qwen3-0.6b          # Qwen3-0.6B 形状的随机权重（约 2.4 GB，访存量和真模型一样）
     python -m tools.bench.gpu --model DIR --bs 1 4 16 --steps 31
@@ -41,8 +42,9 @@ def copy_bandwidth(device: torch.device, nbytes: int = 2 << 30, rounds: int = 10
     return 2 * nbytes / best
 
 
-def time_engine_decode(path: str, bs: int, steps: int) -> float:
-    """Engine 一步 decode（调度器一步的全部活：填 batch、前向 + 采样、写回，含同步）的秒数。"""
+def time_engine_decode(path: str, bs: int, steps: int, graphs: bool) -> float:
+    """Engine 一步 decode（调度器一步的全部活：填 batch、前向 + 采样、写回，含同步）的秒数。
+    graphs：decode 重放 CUDA 图（录图在建 Engine 时，不计时），否则 cuda_graph_bs=[] 逐个算子地跑。"""
     from minisgl.distributed import DistributedInfo
     from minisgl.engine import Engine, EngineConfig
     from minisgl.utils import load_tokenizer
@@ -50,7 +52,7 @@ def time_engine_decode(path: str, bs: int, steps: int) -> float:
 
     engine = Engine(EngineConfig(model_path=path, tp_info=DistributedInfo(0, 1), dtype=torch.float32,
                                  max_running_req=bs, num_page_override=bs * (steps + 64),
-                                 max_seq_len_override=steps + 64))
+                                 max_seq_len_override=steps + 64, cuda_graph_bs=None if graphs else []))
     try:
         tok = load_tokenizer(path)
         one_step = engine_requests(engine, tok, [TEXT] * bs, steps + 1)
@@ -80,8 +82,8 @@ def time_hf_decode(model, tok, bs: int, steps: int) -> float:
         return (run(steps + 1) - run(1)) / steps
 
 
-def render(gpu: str, weights: int, bandwidth: float, engine: dict[int, float], hf: dict[int, float], steps: int
-           ) -> str:
+def render(gpu: str, weights: int, bandwidth: float, engine: dict[int, float], eager: dict[int, float],
+           hf: dict[int, float], steps: int) -> str:
     """markdown 表：每个 batch 大小一列，ms/步；下限一行对所有列都一样。"""
     cols = sorted(engine)
     floor_ms = weights / bandwidth * 1000
@@ -89,7 +91,8 @@ def render(gpu: str, weights: int, bandwidth: float, engine: dict[int, float], h
              f"设备到设备拷贝 {bandwidth / 1e12:.2f} TB/s（读 + 写）*", "",
              "| decode ms/步 | " + " | ".join(f"bs {b}" for b in cols) + " |",
              "|---|" + "---|" * len(cols),
-             "| 第 6 章的 Engine | " + " | ".join(f"{engine[b] * 1000:.1f}" for b in cols) + " |",
+             "| 第 6 章的 Engine，CUDA 图 | " + " | ".join(f"{engine[b] * 1000:.1f}" for b in cols) + " |",
+             "| 第 6 章的 Engine，不录图 | " + " | ".join(f"{eager[b] * 1000:.1f}" for b in cols) + " |",
              "| HF transformers（eager） | " + " | ".join(f"{hf[b] * 1000:.1f}" for b in cols) + " |",
              "| 下限：权重读一遍 | " + " | ".join(f"{floor_ms:.2f}" for _ in cols) + " |"]
     return "\n".join(lines) + "\n"
@@ -121,15 +124,17 @@ def main(argv: list[str] | None = None) -> int:
     tok = AutoTokenizer.from_pretrained(path)
     weights = sum(p.numel() * p.element_size() for p in hf.parameters())
     ours: dict[int, float] = {}
+    eager: dict[int, float] = {}
     theirs: dict[int, float] = {}
-    for _ in range(args.repeat):  # 轮流测：两边摊到同样的噪声
+    for _ in range(args.repeat):  # 轮流测：几项摊到同样的噪声
         for bs in args.bs:
-            ours[bs] = min(ours.get(bs, float("inf")), time_engine_decode(path, bs, args.steps))
+            ours[bs] = min(ours.get(bs, float("inf")), time_engine_decode(path, bs, args.steps, graphs=True))
+            eager[bs] = min(eager.get(bs, float("inf")), time_engine_decode(path, bs, args.steps, graphs=False))
             theirs[bs] = min(theirs.get(bs, float("inf")), time_hf_decode(hf, tok, bs, args.steps))
     props = torch.cuda.get_device_properties(device)
     gpu = (f"{props.name}（{props.total_memory / 2**30:.0f} GiB），torch {torch.__version__}，"
            f"{datetime.now(timezone.utc):%Y-%m-%d}")
-    text = render(gpu, weights, copy_bandwidth(device), ours, theirs, args.steps)
+    text = render(gpu, weights, copy_bandwidth(device), ours, eager, theirs, args.steps)
     print(text)
     if args.out:
         Path(args.out).write_text(text, encoding="utf-8")

@@ -7,6 +7,8 @@
 decode 另有一条批量的快路：每个请求只有 1 个新 token，把各自的历史补齐成 (bs, 最长历史) 的矩形（补的位置遮掉），
 每层一次整批的 scaled_dot_product_attention，不再按请求循环。算式和通用路径一样，只是多了一维 batch。
 第 6 章起建后端时按 KV 池选一次：CPU 上的 fp32 池，decode 快路换成 minisgl/kernel 的 C++ 版（按槽位直接读池子）。
+第 6 章起 decode 快路也能录成 CUDA 图：录图时各层读的是固定大小的静态缓冲（每行补到 page table 的宽度），
+重放前 prepare_for_replay 把这一步的槽位和掩码拷进去（官方 FlashAttention 后端的 capture 数据也是这样）。
 """
 
 from __future__ import annotations
@@ -42,6 +44,15 @@ class TorchAttnMetadata(BaseAttnMetadata):
         return self.cu_seqlens_q[1:1 + bs] - 1
 
 
+@dataclass
+class TorchCaptureData:
+    """CUDA 图读的静态缓冲：每个录好的 bs 用前 bs 行。宽度是 page table 的宽度，所以任何长度的历史都放得下；
+    代价是图里每步每个请求都按这个宽度取历史（补的位置遮掉），不按真实长度。"""
+    cu_seqlens_q: torch.Tensor  # (max_bs + 1,) int32：decode 每个请求 1 个 token，永远是 0, 1, …, max_bs
+    slots: torch.Tensor  # (max_bs, W) int64
+    mask: torch.Tensor  # (max_bs, 1, 1, W) bool
+
+
 def _cumsum(lengths: List[int]) -> List[int]:
     return [0, *itertools.accumulate(lengths)]
 
@@ -57,6 +68,7 @@ class TorchBackend(BaseAttnBackend):
         self.head_dim = config.head_dim
         self.scale = config.head_dim ** -0.5
         self._decode_attention = cpu_op("decode_attention", self.kvcache.k_cache(0))
+        self.capture: TorchCaptureData | None = None  # 录 CUDA 图时才建（init_capture_graph）
 
     def prepare_metadata(self, batch: Batch) -> None:
         ctx, reqs = get_global_ctx(), batch.padded_reqs
@@ -77,6 +89,32 @@ class TorchBackend(BaseAttnBackend):
             # 补的位置指向自己的第 0 个槽位：它一定写过，读出的数有限；权重是 0，对结果没有贡献
             meta.decode_slots = torch.where(mask, slots, slots[:, :1]).long()
             meta.decode_mask = mask[:, None, None, :]
+
+    def init_capture_graph(self, max_seq_len: int, bs_list: List[int]) -> None:
+        """max_seq_len 是 page table 的宽度。第 0 列的掩码是 True：录图时的假请求也有一个能看的位置，不出 NaN。"""
+        device, max_bs = self.kvcache.k_cache(0).device, max(bs_list)
+        mask = torch.zeros((max_bs, 1, 1, max_seq_len), dtype=torch.bool, device=device)
+        mask[..., 0] = True
+        self.capture = TorchCaptureData(cu_seqlens_q=torch.arange(max_bs + 1, dtype=torch.int32, device=device),
+                                        slots=torch.zeros((max_bs, max_seq_len), dtype=torch.int64, device=device),
+                                        mask=mask)
+
+    def prepare_for_capture(self, batch: Batch) -> None:
+        """录 bs 个请求的图：元数据全是静态缓冲的前 bs 行（只有 decode 快路用得到的那几项）。"""
+        bs, cap = batch.padded_size, self.capture
+        batch.attn_metadata = TorchAttnMetadata(cu_seqlens_q=cap.cu_seqlens_q[:bs + 1], cu_seqlens_k=cap.cu_seqlens_q,
+                                                indices=cap.slots[:0, 0], seqs=[], decode_slots=cap.slots[:bs],
+                                                decode_mask=cap.mask[:bs])
+
+    def prepare_for_replay(self, batch: Batch) -> None:
+        """把 prepare_metadata 给这一步算好的槽位和掩码拷进静态缓冲（设备上拷，不同步）；右边补的列指向
+        各行的第 0 个槽位、遮掉，和不录图时补的位置一样。"""
+        meta, bs, cap = batch.attn_metadata, batch.padded_size, self.capture
+        width = meta.decode_slots.shape[1]
+        cap.slots[:bs].copy_(meta.decode_slots[:, :1].expand(bs, cap.slots.shape[1]))
+        cap.slots[:bs, :width].copy_(meta.decode_slots)
+        cap.mask[:bs].fill_(False)
+        cap.mask[:bs, ..., :width].copy_(meta.decode_mask)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch) -> torch.Tensor:
         meta = batch.attn_metadata

@@ -45,7 +45,7 @@ class ForwardOutput(NamedTuple):
     next_tokens_gpu: torch.Tensor  # (bs,) int32，在引擎的设备上
     next_tokens_cpu: torch.Tensor  # (bs,) int32，在 CPU 上
     copy_done_event: torch.cuda.Event | _CopyDone
-    logits: torch.Tensor  # (bs, V)，交给采样器的那份；只是多留一个引用，不拷贝也不同步
+    logits: torch.Tensor  # (bs, V)，交给采样器的那份；只多留一个引用，不拷贝也不同步（重放 CUDA 图时下一步会覆盖它）
 
 
 def _adjust_config(config: EngineConfig) -> EngineConfig:
@@ -113,8 +113,9 @@ class Engine:
         self.dummy_req = Req(input_ids=torch.tensor([0], dtype=torch.int32), table_idx=config.max_running_req,
                              cached_len=0, output_len=1, uid=-1, sampling_params=None, cache_handle=None)
         self.page_table[config.max_running_req].fill_(num_tokens)  # 假请求的 KV 都写进假页
-        self.graph_runner = GraphRunner(self.device, self.attn_backend, config.cuda_graph_bs,
-                                        config.cuda_graph_max_bs, self.dummy_req)
+        self.graph_runner = GraphRunner(self.device, self.model, self.attn_backend, config.cuda_graph_bs,
+                                        config.cuda_graph_max_bs, self.page_table.shape[1], model_config.vocab_size,
+                                        self.dummy_req)  # GPU 上在这里录图（第 6 章"CUDA 图"一节）
 
     # --8<-- [start:init_communication]
     def _init_communication(self, config: EngineConfig) -> dist.ProcessGroup | None:

@@ -7,8 +7,9 @@
         engine = Engine(EngineConfig(..., device="cuda"))
         n = len(syncs); engine.forward_batch(...); syncs.since(n)   # 这一步读回主存的每一次
 
-各处的接缝（都在 _SEAMS 里，退出时原样还回）：torch.cuda 的 is_available、device_count、current_device、set_device、
-mem_get_info、synchronize、Event、_lazy_init（safetensors 的 safe_open(device='cuda:0') 会调它），以及
+各处的接缝（都在 _seams() 里，退出时原样还回）：torch.cuda 的 is_available、device_count、current_device、set_device、
+mem_get_info、synchronize、Event、_lazy_init（safetensors 的 safe_open(device='cuda:0') 会调它）、CUDAGraph 和 graph
+（录下设备上的算子、重放时重算，见 graph.py），以及
 torch.tensor / torch.as_tensor 带 device='cuda' 的情形（它们不经过 dispatch mode）。
 CPU-only 的 torch 还要一个 CUDA 设备守卫（guard.cpp，第一次用时编译、缓存），否则 Python 里索引 cuda 张量就报
 "PyTorch is not linked with support for cuda devices"。
@@ -31,7 +32,8 @@ import torch
 import torch.utils._device
 
 from .rules import RULES, CrossDeviceError
-from .tensor import SYNCS, CudaMode, EmulatedCudaTensor, HostSyncs, SyncCounter
+from .graph import CUDAGraph, graph
+from .tensor import SYNCS, CudaMode, EmulatedCudaTensor, HostSyncs, SyncCounter, _sync
 
 __all__ = ["RULES", "CrossDeviceError", "EmulatedCudaTensor", "GpuTarget", "HostSyncs", "emulated_cuda", "gpu_kinds",
            "gpu_target", "guard_problem"]
@@ -113,7 +115,7 @@ def _free_memory(device=None) -> tuple[int, int]:
 
 
 def _synchronize(device=None) -> None:
-    SYNCS.record("synchronize", "torch.cuda.synchronize")
+    _sync("synchronize", "torch.cuda.synchronize")
 
 
 def _on_cuda_factory(real):
@@ -132,6 +134,7 @@ def _seams() -> list[tuple[object, str, object]]:
             (torch.cuda, "current_device", lambda: 0), (torch.cuda, "set_device", lambda device: None),
             (torch.cuda, "mem_get_info", _free_memory), (torch.cuda, "synchronize", _synchronize),
             (torch.cuda, "Event", _Event), (torch.cuda, "_lazy_init", lambda: None),
+            (torch.cuda, "CUDAGraph", CUDAGraph), (torch.cuda, "graph", graph),
             (torch, "tensor", _on_cuda_factory(torch.tensor)), (torch, "as_tensor", _on_cuda_factory(torch.as_tensor))]
 
 

@@ -21,7 +21,8 @@ CPU = torch.device("cpu")
 
 @dataclass
 class HostSyncs:
-    """读回主存的每一次：(种类, 算子)。种类是 item、tolist、to_host、data_dependent、synchronize 之一。"""
+    """主机等设备的每一次：(种类, 算子)。种类是 item、tolist、to_host、to_device_blocking、data_dependent、synchronize
+    之一。"""
 
     events: list[tuple[str, str]] = field(default_factory=list)
 
@@ -36,6 +37,27 @@ class HostSyncs:
 
 
 SYNCS = HostSyncs()
+
+
+class Capture:
+    """正在录的 CUDA 图（graph.py 的 CUDAGraph 替身）：run() 把每个在 cuda 上算的算子连同参数交给它。"""
+
+    active = None  # 录图时是那张图的 ops 列表，平时 None
+
+    @classmethod
+    def add(cls, func, args, kwargs, out) -> None:
+        if cls.active is not None:
+            cls.active.append((func, args, kwargs, out))
+
+
+CAPTURE_ERROR = "CUDA error: operation not permitted when stream is capturing"
+
+
+def _sync(kind: str, what: str) -> None:
+    """记一次读回主存；录 CUDA 图时这是 CUDA 的错误（rule graph-no-host-sync）。"""
+    if Capture.active is not None:
+        raise RuntimeError(f"{CAPTURE_ERROR}（{kind}：{what}；录 CUDA 图的区域里不能读回主存）")
+    SYNCS.record(kind, what)
 
 
 class EmulatedCudaTensor(torch.Tensor):
@@ -58,7 +80,7 @@ class EmulatedCudaTensor(torch.Tensor):
         return run(func, args, kwargs or {})
 
     def tolist(self):  # torch 的 tolist 不收张量子类；真 CUDA 上它是一次读回
-        SYNCS.record("tolist", "Tensor.tolist")
+        _sync("tolist", "Tensor.tolist")
         return self.elem.tolist()
 
     def numpy(self, *, force: bool = False):  # 真 CUDA 上 .numpy() 直接报错
@@ -112,18 +134,25 @@ def _on_gpu(t) -> bool:
 def record_sync(func, args, kwargs) -> None:
     """这个算子在真 CUDA 上要不要读回主存（rule host-sync）：要就记进 SYNCS。模拟的和真的 cuda 张量一样判断。"""
     flat = tree_flatten((args, kwargs))[0]
-    if not any(_on_gpu(t) for t in flat):
+    if not any(_on_gpu(t) for t in flat) and not _is_cuda(kwargs.get("device")):
         return
     if func is aten._local_scalar_dense.default:
-        SYNCS.record("item", func.name())
+        _sync("item", func.name())
     elif func in DATA_DEPENDENT:
-        SYNCS.record("data_dependent", func.name())
+        _sync("data_dependent", func.name())
     elif func in ADVANCED_INDEXING and any(i is not None and i.dtype == torch.bool for i in args[1]):
-        SYNCS.record("data_dependent", f"{func.name()}（bool 下标）")
+        _sync("data_dependent", f"{func.name()}（bool 下标）")
+    elif func in ADVANCED_INDEXING and any(i is not None and not _on_gpu(i) for i in args[1]):
+        _sync("to_device_blocking", f"{func.name()}（CPU 上的下标先拷上设备）")
     elif func is aten._to_copy.default and not _is_cuda(kwargs.get("device") or _device(args[0])):
-        SYNCS.record("to_host", func.name())
+        _sync("to_host", func.name())
     elif func is aten.copy_.default and _on_gpu(args[1]) and not _on_gpu(args[0]):
-        SYNCS.record("to_host", func.name())
+        _sync("to_host", func.name())
+    elif func is aten._to_copy.default and not _on_gpu(args[0]) and not kwargs.get("non_blocking"):
+        _sync("to_device_blocking", func.name())  # 主存到设备的拷贝不带 non_blocking：拷完还要等流（memcpy_and_sync）
+    elif (func is aten.copy_.default and _on_gpu(args[0]) and not _on_gpu(args[1])
+          and not (args[2] if len(args) > 2 else kwargs.get("non_blocking"))):
+        _sync("to_device_blocking", func.name())
 
 
 class SyncCounter(TorchDispatchMode):
@@ -133,6 +162,16 @@ class SyncCounter(TorchDispatchMode):
         kwargs = kwargs or {}
         record_sync(func, args, kwargs)
         return func(*args, **kwargs)
+
+
+def call_on_host(func, args, kwargs):
+    """拆出里面的 CPU 张量、device='cuda' 换成 CPU，真算一遍（run 和 CUDA 图重放都走这里）。"""
+    u_args, u_kwargs = tree_map_only(torch.Tensor, _unwrap, (args, kwargs))
+    if _is_cuda(u_kwargs.get("device")):
+        u_kwargs["device"] = CPU
+    if u_kwargs.get("pin_memory"):
+        u_kwargs["pin_memory"] = False  # rule factory：CPU-only 的 torch 没有页锁定内存的分配器
+    return func(*u_args, **u_kwargs)
 
 
 def run(func, args, kwargs):
@@ -156,16 +195,13 @@ def run(func, args, kwargs):
     if func is aten.copy_.default and isinstance(args[0], EmulatedCudaTensor):
         on_cuda = True
 
-    u_args, u_kwargs = tree_map_only(torch.Tensor, _unwrap, (args, kwargs))
-    if _is_cuda(u_kwargs.get("device")):
-        u_kwargs["device"] = CPU
-    if u_kwargs.get("pin_memory"):
-        u_kwargs["pin_memory"] = False  # rule factory：CPU-only 的 torch 没有页锁定内存的分配器
-    out = func(*u_args, **u_kwargs)
+    out = call_on_host(func, args, kwargs)
     mutated = _mutated_arg(func, args, kwargs)
     if mutated is not None:
-        return mutated
-    if not on_cuda:
-        return out
-    with torch.inference_mode(False):  # 包装本身不是 inference 张量：视图算子之后 autograd 还要给它设版本号
-        return tree_map_only(torch.Tensor, EmulatedCudaTensor, out)
+        out = mutated
+    elif on_cuda:
+        with torch.inference_mode(False):  # 包装本身不是 inference 张量：视图算子之后 autograd 还要给它设版本号
+            out = tree_map_only(torch.Tensor, EmulatedCudaTensor, out)
+    if on_cuda:  # 设备上的算子进正在录的图（rule graph-capture）；主存里的活不进
+        Capture.add(func, args, kwargs, out)
+    return out

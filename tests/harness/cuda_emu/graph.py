@@ -1,0 +1,71 @@
+"""torch.cuda.CUDAGraph 和 torch.cuda.graph 的替身：录下一段里设备上的每个算子，重放时在同一批张量上再算一遍。
+
+真的 CUDA 图录的是 kernel 和它们的参数：张量按地址（录图时分配的留在图的显存池里），Python 里的数按录的那一刻。
+这里一样：每个算子连同参数录下（张量按身份，数原样冻住），输出张量留着；重放时按顺序重算，结果写回录下的那个
+输出张量（原地算子、视图直接作用在同一块数据上）。所以录图时从主存读进来的数（Python 的 len()、int、
+用它们建的张量），重放时还是当时的值：和真 GPU 上一样给出错的 token。录图时读回主存直接报错（tensor._sync）。
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+from .tensor import Capture, _mutated_arg, _unwrap, call_on_host
+
+
+def _aliases_input(func) -> bool:
+    """视图算子（view、slice、transpose…）的输出和输入共用数据：重算时不用写回。"""
+    return any(r.alias_info is not None for r in func._schema.returns)
+
+
+class CUDAGraph:
+    """录一次、重放多次。replays 数每张图重放了几次（测试用它确认真的走了图）。"""
+
+    def __init__(self, *args, **kwargs) -> None:
+        self.ops: list | None = None
+        self.replays = 0
+
+    def capture_begin(self, pool=None, capture_error_mode: str = "global") -> None:
+        if Capture.active is not None:
+            raise RuntimeError("CUDA error: operation not permitted when stream is capturing（已经在录另一张图）")
+        self.ops = []
+        Capture.active = self.ops
+
+    def capture_end(self) -> None:
+        Capture.active = None
+
+    def replay(self) -> None:
+        if self.ops is None:
+            raise RuntimeError("CUDA graph 还没录就 replay")
+        for func, args, kwargs, out in self.ops:
+            new = call_on_host(func, args, kwargs)
+            if _mutated_arg(func, args, kwargs) is not None or _aliases_input(func):
+                continue  # 原地算子已经写进了同一块数据；视图本来就指着它
+            for old, fresh in zip(tree_flatten(out)[0], tree_flatten(new)[0]):
+                if isinstance(old, torch.Tensor):
+                    _unwrap(old).copy_(fresh)
+        self.replays += 1
+
+    def reset(self) -> None:
+        self.ops = None
+
+    def pool(self) -> tuple[int, int]:
+        return (0, id(self))  # 显存池的句柄：这里只用来传给下一张图，不分配什么
+
+
+class graph:  # noqa: N801 —— 和 torch.cuda.graph 同名
+    """with torch.cuda.graph(g, pool=..., stream=...): 的替身。真的进入前先同步一次、换到录图用的流。"""
+
+    def __init__(self, cuda_graph: CUDAGraph, pool=None, stream=None, capture_error_mode: str = "global") -> None:
+        self.cuda_graph = cuda_graph
+
+    def __enter__(self) -> None:
+        torch.cuda.synchronize()
+        self.cuda_graph.capture_begin()
+
+    def __exit__(self, *exc) -> None:
+        self.cuda_graph.capture_end()
+
+
+__all__ = ["CUDAGraph", "graph"]
