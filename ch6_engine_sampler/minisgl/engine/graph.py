@@ -107,7 +107,7 @@ class GraphRunner:
         return batch.is_decode and batch.size <= self.max_graph_bs
 
     def pad_batch(self, batch: Batch) -> None:
-        """用假请求把 batch 补齐到录好的某个大小（第一个装得下的）；用不上图时 padded_reqs 就是 reqs。"""
+        """用假请求把 batch 补齐到录好的某个大小（第一个装得下的）；用不上图时不补（padded_reqs 和 reqs 内容相同）。"""
         padded_size = batch.size
         if self.can_use_cuda_graph(batch):
             padded_size = next(bs for bs in self.graph_bs_list if bs >= batch.size)
