@@ -30,21 +30,23 @@ FORWARD_HOST_SYNCS = 1
 
 
 def drive(engine, prompt_ids: list[list[int]], n: int, params: list[SamplingParams] | None = None):
-    """Driver 在主存里填 batch（像里程碑和阶段二的调度器那样），返回每步的 token 和 logits（搬回 CPU）。"""
+    """Driver 在主存里填 batch（像里程碑和阶段二的调度器那样，含 pad_batch 补的假请求），返回每个请求的 token、
+    每步的 logits（搬回 CPU）和每步补齐后的大小。"""
     driver = Driver(engine)
     reqs = driver.make_reqs(prompt_ids, n)
     for r, p in zip(reqs, params or []):
         r.sampling_params = p
-    tokens, logits = [], []
+    tokens, logits, padded = [], [], []
     for phase in ["prefill"] + ["decode"] * (n - 1):
         batch = driver.fill(reqs, phase)
+        padded.append(batch.padded_size)
         out = engine.forward_batch(batch, engine.sampler.prepare(batch))
         out.copy_done_event.synchronize()
         for i, r in enumerate(reqs):
             r.append_host(out.next_tokens_cpu[i:i + 1])
         tokens.append(out.next_tokens_cpu.tolist())
         logits.append(out.logits.cpu())
-    return [list(t) for t in zip(*tokens)], logits
+    return [list(t) for t in zip(*tokens)], logits, padded
 
 
 def test_task6_generate_on_gpu_matches_hf(checkpoint, tiny_models, gpu, family):
@@ -60,10 +62,10 @@ def test_task2_host_filled_batches_on_gpu_equal_cpu(tiny_models, gpu):
     model = tiny_models[MODEL]
     ids = [encode(model, p) for p in PROMPTS]
     with engine_of(model, ps=4, device="cpu") as e:
-        cpu_tokens, cpu_logits = drive(e, ids, N)
+        cpu_tokens, cpu_logits, _ = drive(e, ids, N)
     with engine_of(model, ps=4, device=gpu.device) as e:
         assert e.device.type == e.page_table.device.type == e.kv_cache.k_cache(0).device.type == "cuda"
-        gpu_tokens, gpu_logits = drive(e, ids, N)
+        gpu_tokens, gpu_logits, _ = drive(e, ids, N)
     assert gpu_tokens == cpu_tokens, f"[{gpu.kind}] cuda 上 {gpu_tokens} != CPU 上 {cpu_tokens}"
     for step, (g, c) in enumerate(zip(gpu_logits, cpu_logits)):
         torch.testing.assert_close(g, c, atol=1e-4, rtol=1e-4, msg=lambda m, s=step: f"第 {s} 步：{m}")

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from minisgl.core import Batch
-from tests.ch6.test_cuda import FORWARD_HOST_SYNCS
+from tests.ch6.test_cuda import FORWARD_HOST_SYNCS, drive
 from tests.ch6.test_engine import Driver, engine_of
 from tests.harness.errors import expect_error
 from tests.harness.reference import encode
@@ -36,23 +36,6 @@ def replays(monkeypatch):
     return count
 
 
-def run(engine, prompt_ids: list[list[int]], n: int):
-    """Driver 在主存里填 batch（含 pad_batch 补的假请求）；返回每个请求的 token、每步的 logits 和补齐后的大小。"""
-    driver = Driver(engine)
-    reqs = driver.make_reqs(prompt_ids, n)
-    tokens, logits, padded = [], [], []
-    for phase in ["prefill"] + ["decode"] * (n - 1):
-        batch = driver.fill(reqs, phase)
-        padded.append(batch.padded_size)
-        out = engine.forward_batch(batch, engine.sampler.prepare(batch))
-        out.copy_done_event.synchronize()
-        for i, r in enumerate(reqs):
-            r.append_host(out.next_tokens_cpu[i:i + 1])
-        tokens.append(out.next_tokens_cpu.tolist())
-        logits.append(out.logits.cpu())
-    return [list(t) for t in zip(*tokens)], logits, padded
-
-
 def prompts(bs: int, model) -> list[list[int]]:
     return [encode(model, PROMPTS[i % len(PROMPTS)]) for i in range(bs)]
 
@@ -65,12 +48,12 @@ def test_task3_graphs_on_equal_graphs_off(tiny_models, gpu, replays, ps):
     sizes = [1, 3, 8, 3]
     with engine_of(model, ps=ps, max_running_req=8, num_pages=512, device=gpu.device, cuda_graph_bs=[]) as e:
         assert e.graph_runner.max_graph_bs == 0
-        off = [run(e, prompts(bs, model), N) for bs in sizes]
+        off = [drive(e, prompts(bs, model), N) for bs in sizes]
     assert replays[0] == 0, "图关着时不该重放"
     with engine_of(model, ps=ps, max_running_req=8, num_pages=512, device=gpu.device, cuda_graph_bs=GRAPH_BS) as e:
         assert e.graph_runner.graph_bs_list == GRAPH_BS
         assert sorted(e.graph_runner.graph_map) == GRAPH_BS
-        on = [run(e, prompts(bs, model), N) for bs in sizes]
+        on = [drive(e, prompts(bs, model), N) for bs in sizes]
     assert replays[0] == len(sizes) * (N - 1), f"[{gpu.kind}] 每个 decode 步都该重放一次图，实际 {replays[0]} 次"
     for bs, (t_off, lg_off, pad_off), (t_on, lg_on, pad_on) in zip(sizes, off, on):
         assert pad_off == [bs] * N
@@ -105,10 +88,10 @@ def test_task3_replay_reads_this_steps_metadata(tiny_models, gpu):
     model = tiny_models[MODEL]
     ids = prompts(2, model)
     with engine_of(model, ps=1, device=gpu.device, cuda_graph_bs=[]) as e:
-        _, good, _ = run(e, ids, 4)
+        _, good, _ = drive(e, ids, 4)
     with engine_of(model, ps=1, device=gpu.device, cuda_graph_bs=[2]) as e:
         e.attn_backend.prepare_for_replay = lambda batch: None
-        _, stale, _ = run(e, ids, 4)
+        _, stale, _ = drive(e, ids, 4)
     torch.testing.assert_close(stale[0], good[0], atol=1e-4, rtol=1e-4)  # prefill 不走图
     assert max((a - b).abs().max().item() for a, b in zip(stale[1:], good[1:])) > 1e-2, \
         f"[{gpu.kind}] 没更新元数据的重放给出了一样的 logits：图没有冻住录图时的数"

@@ -111,10 +111,10 @@ class TorchBackend(BaseAttnBackend):
         各行的第 0 个槽位、遮掉，和不录图时补的位置一样。"""
         meta, bs, cap = batch.attn_metadata, batch.padded_size, self.capture
         width = meta.decode_slots.shape[1]
-        cap.slots[:bs].copy_(meta.decode_slots[:, :1].expand(bs, cap.slots.shape[1]))
         cap.slots[:bs, :width].copy_(meta.decode_slots)
-        cap.mask[:bs].fill_(False)
+        cap.slots[:bs, width:].copy_(meta.decode_slots[:, :1])  # 广播到右边的每一列
         cap.mask[:bs, ..., :width].copy_(meta.decode_mask)
+        cap.mask[:bs, ..., width:].fill_(False)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch) -> torch.Tensor:
         meta = batch.attn_metadata

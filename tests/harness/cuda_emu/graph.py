@@ -20,11 +20,10 @@ def _aliases_input(func) -> bool:
 
 
 class CUDAGraph:
-    """录一次、重放多次。replays 数每张图重放了几次（测试用它确认真的走了图）。"""
+    """录一次、重放多次。"""
 
     def __init__(self, *args, **kwargs) -> None:
         self.ops: list | None = None
-        self.replays = 0
 
     def capture_begin(self, pool=None, capture_error_mode: str = "global") -> None:
         if Capture.active is not None:
@@ -45,7 +44,6 @@ class CUDAGraph:
             for old, fresh in zip(tree_flatten(out)[0], tree_flatten(new)[0]):
                 if isinstance(old, torch.Tensor):
                     _unwrap(old).copy_(fresh)
-        self.replays += 1
 
     def reset(self) -> None:
         self.ops = None

@@ -144,15 +144,19 @@ def record_sync(func, args, kwargs) -> None:
         _sync("data_dependent", f"{func.name()}（bool 下标）")
     elif func in ADVANCED_INDEXING and any(i is not None and not _on_gpu(i) for i in args[1]):
         _sync("to_device_blocking", f"{func.name()}（CPU 上的下标先拷上设备）")
-    elif func is aten._to_copy.default and not _is_cuda(kwargs.get("device") or _device(args[0])):
-        _sync("to_host", func.name())
-    elif func is aten.copy_.default and _on_gpu(args[1]) and not _on_gpu(args[0]):
-        _sync("to_host", func.name())
-    elif func is aten._to_copy.default and not _on_gpu(args[0]) and not kwargs.get("non_blocking"):
-        _sync("to_device_blocking", func.name())  # 主存到设备的拷贝不带 non_blocking：拷完还要等流（memcpy_and_sync）
-    elif (func is aten.copy_.default and _on_gpu(args[0]) and not _on_gpu(args[1])
-          and not (args[2] if len(args) > 2 else kwargs.get("non_blocking"))):
-        _sync("to_device_blocking", func.name())
+    elif func in (aten._to_copy.default, aten.copy_.default):
+        src_gpu, dst_gpu, non_blocking = _copy_ends(func, args, kwargs)
+        if src_gpu and not dst_gpu:
+            _sync("to_host", func.name())
+        elif dst_gpu and not src_gpu and not non_blocking:  # 上传不带 non_blocking：拷完还要等流（memcpy_and_sync）
+            _sync("to_device_blocking", func.name())
+
+
+def _copy_ends(func, args, kwargs) -> tuple[bool, bool, bool]:
+    """一次拷贝（_to_copy 或 copy_）：源在不在 GPU 上、目标在不在 GPU 上、带不带 non_blocking。"""
+    if func is aten._to_copy.default:
+        return _on_gpu(args[0]), _is_cuda(kwargs.get("device") or _device(args[0])), bool(kwargs.get("non_blocking"))
+    return _on_gpu(args[1]), _on_gpu(args[0]), bool(args[2] if len(args) > 2 else kwargs.get("non_blocking"))
 
 
 class SyncCounter(TorchDispatchMode):
