@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import math
 import os
 import shutil
 import subprocess
@@ -28,7 +29,9 @@ from tools.manifest import ROOT
 # in ≤ 3072、宽度 4~16 时不到 1e-5；MKL 自己对 float64 的误差也在这个量级
 RTOL_ABS_DOT = 1e-5
 SHAPES = [(1, 1), (3, 5), (14, 40), (33, 17), (160, 96), (97, 1023), (256, 3072), (7, 0), (0, 8)]  # (out, in)；含空的维
-# 输出行数除以 3、4 的余数各种都有（AVX2 上 3~8 行输入的小块是 3 行权重，别的是 4 行）
+# 输出行数除以 3、4 的余数各种都有（AVX2 上 3~8 行输入的小块是 3 行权重，别的是 4 行）。
+# small_linear 的两种读法都走到：(97, 1023) 的 1~4 行输入不超过 16 KB，一行一行顺着读，1023 还凑不满一次 4 个向量；
+# (256, 3072) 的 2 行起超过 16 KB，换寄存器小块
 
 
 def _ext():
@@ -105,13 +108,15 @@ def test_kernel_result_does_not_depend_on_thread_count():
     ext = _ext_or_skip()
     w = torch.randn(3001, 1000)
     before = torch.get_num_threads()
-    for fn, x in ((ext.small_linear, torch.randn(1, 1000)), (ext.small_linear, torch.randn(2, 1000)),
-                  (ext.small_linear, torch.randn(4, 1000)), (ext.gemm, torch.randn(45, 1000))):
+    wide = torch.randn(301, 5000)  # 2 行输入就超过 16 KB：寄存器小块那条路
+    for fn, x, wt in ((ext.small_linear, torch.randn(1, 1000), w), (ext.small_linear, torch.randn(2, 1000), w),
+                      (ext.small_linear, torch.randn(4, 1000), w), (ext.small_linear, torch.randn(2, 5000), wide),
+                      (ext.gemm, torch.randn(45, 1000), w)):
         try:
             outs = []
             for t in (1, 2, 3):
                 torch.set_num_threads(t)
-                outs.append(fn(x, w, None))
+                outs.append(fn(x, wt, None))
         finally:
             torch.set_num_threads(before)
         assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
@@ -179,6 +184,17 @@ def test_stream_read_reads_every_element_once(n):
     # 1~3 的整数：fp32 的部分和都在 2^24 以内、没有舍入，漏读、重读一个数，和都会变
     x = torch.randint(1, 4, (n,), generator=torch.Generator().manual_seed(n)).float()
     assert ext.stream_read(x) == x.long().sum().item()
+
+
+def test_fma_peak_counts_multiply_adds_per_second():
+    """tools/bench 拿 fma_peak 量乘加的峰值（算的下限）：做的乘加翻倍，时间也该翻倍，量出的速率不随次数变；
+    次数不是正数时说一行、不去算。"""
+    ext = _ext_or_skip()
+    rates = [max(ext.fma_peak(iters) for _ in range(3)) for iters in (1 << 18, 1 << 19)]
+    assert all(math.isfinite(r) and r > 1e8 for r in rates), rates  # 每秒至少 1 亿次：任何能跑测试的 CPU
+    assert 0.5 < rates[1] / rates[0] < 2.0, f"次数翻倍，速率不该变一倍以上：{rates}"
+    with pytest.raises(RuntimeError, match="fma_peak: iters must be positive, got 0"):
+        ext.fma_peak(0)
 
 
 def test_linear_uses_small_linear_for_1_to_8_rows_and_gemm_above():

@@ -14,18 +14,28 @@ from tools.bench.timing import Timing
 SNIPPET = bench.SNIPPET
 
 
-def parse(text: str) -> tuple[list[list[str]], list[list[str]]]:
-    """-> (时间表, 比值表)，各自是若干行单元格，第一行是表头（跳过分隔行）。"""
-    tables, current = [], []
+def tables(text: str) -> list[list[list[str]]]:
+    """片段里的每张表：若干行单元格，第一行是表头（跳过分隔行）。"""
+    found, current = [], []
     for line in text.splitlines() + [""]:
         if line.startswith("|"):
             if not re.fullmatch(r"\|(---\|)+", line):
                 current.append([c.strip() for c in line.strip("|").split("|")])
         elif current:
-            tables.append(current)
+            found.append(current)
             current = []
-    assert len(tables) == 2, f"应该正好两张表（时间、比值），找到 {len(tables)} 张"
-    return tables[0], tables[1]
+    return found
+
+
+def parse(text: str) -> tuple[list[list[str]], list[list[str]]]:
+    """-> (时间表, 比值表)。后面还有第三张：两个下限的表（floors）。"""
+    found = tables(text)
+    assert len(found) == 3, f"应该正好三张表（时间、比值、两个下限），找到 {len(found)} 张"
+    return found[0], found[1]
+
+
+def floors(text: str) -> list[list[str]]:
+    return tables(text)[2]
 
 
 def num(cell: str) -> float | None:
@@ -59,15 +69,51 @@ def test_columns_and_rows_match_what_bench_writes_now(text):
     llama.cpp 那一行只在给了 --llama-bench 时才有：假结果按文件里有没有它来造。"""
     times, ratios = parse(text)
     keys = [k for k in bench.ROWS if k != "llama" or bench.ROWS["llama"] in [r[0] for r in times]]
-    fake = {k: Timing({1: 0.1, 4: 0.2}, {1: 0.3, 4: 0.4}) for k in keys}
+    fake = {k: Timing({1: 0.1, 2: 0.15, 3: 0.18, 4: 0.2}, {1: 0.3, 4: 0.4}) for k in keys}
     meta = {k: "x" for k in ("command", "date", "machine", "transformers", "model", "kernels", "profile",
                              "weights_mib", "bandwidth", "steps", "repeat", "peak_rss", "weights_kv", "rss_over")}
+    meta |= {"fma_rate": "1e11", "fma_how": "x", "macs": "1000000"}
     want_times, want_ratios = parse(bench.render(fake, meta))
+    assert [r[0] for r in floors(text)] == [r[0] for r in floors(bench.render(fake, meta))]
     assert times[0] == want_times[0] == bench.COLUMNS and ratios[0] == bench.RATIO_COLUMNS
     assert [r[0] for r in times] == [r[0] for r in want_times]
     assert [r[0] for r in ratios] == [r[0] for r in want_ratios]
     targets = {bench.RATIOS[k]: v for k, v in bench.TARGETS.items()}
     assert all(r[3] == targets.get(r[0], "") for r in ratios[1:]), "目标一列要和 bench.TARGETS 一致"
+
+
+def test_floors_table_agrees_with_the_fma_rate_and_the_other_tables(text):
+    """两个下限的表：算的下限 = 乘加次数 / 抬头那句的峰值，随 batch 成倍涨；读的下限每行相同、等于时间表的下限一行；
+    "两者大的"是两者里大的；Engine 的 bs=1、bs=4 和时间表同一格；最后一列 = Engine / 两者大的。
+    这张表在 <!-- --8<-- [start:floors] --> 一段里：附录单独引用它。"""
+    assert "<!-- --8<-- [start:floors] -->" in text and "<!-- --8<-- [end:floors] -->" in text
+    m = re.search(r"乘加的峰值 (\d+) G 次/秒（C\+\+ 的 fma_peak：\d+ 个线程", text)
+    assert m, "缺少乘加峰值那一句"
+    rate = float(m[1])
+    table = floors(text)
+    assert table[0] == bench.FLOOR_COLUMNS and [int(r[0]) for r in table[1:]] == list(bench.FLOOR_BATCHES)
+    times, _ = parse(text)
+    rows = {r[0]: r for r in times}
+    read_floor, engine = float(rows[bench.ROWS["floor"]][1]), rows[bench.ROWS["engine"]]
+    for bs, (gmacs, fma, read, top, eng, ratio) in ((int(r[0]), map(num, r[1:])) for r in table[1:]):
+        assert gmacs == pytest.approx(bs * float(table[1][1]), abs=0.005 * bs + 0.006), "乘加次数 = bs × 一个请求的"
+        assert fma == pytest.approx(gmacs / rate * 1e3, rel=0.5 / rate + 0.05 / gmacs + 1e-3, abs=0.06)
+        assert read == read_floor and top == max(fma, read)
+        if bs in bench.BATCH_SIZES:
+            assert eng == float(engine[1 + bench.BATCH_SIZES.index(bs)]), f"bs={bs} 的 Engine 要和时间表同一格"
+        assert ratio == pytest.approx(eng / top, rel=_rounding(eng, top), abs=0.006)
+
+
+def test_without_the_kernel_the_floors_table_says_why():
+    """C++ 核用不了时量不到核的乘加峰值：那一段只有一句为什么，没有表（不拿别的数凑一张）。"""
+    fake = {k: Timing({1: 0.1, 2: 0.15, 3: 0.18, 4: 0.2}, {1: 0.3, 4: 0.4})
+            for k in ("floor", "skeleton", "hf", "engine")}
+    meta = {k: "x" for k in ("command", "date", "machine", "transformers", "model", "kernels", "profile",
+                             "weights_mib", "bandwidth", "steps", "repeat", "peak_rss", "weights_kv", "rss_over")}
+    text = bench.render(fake, meta)
+    assert len(tables(text)) == 2 and "两个下限：C++ 核用不了（线性层走 F.linear），量不到核的乘加峰值" in text
+    row = bench.floor_rows(fake, 10 ** 9, 1e11)[2]  # bs=1：10 ms 的乘加、100 ms 的读、Engine 100 ms
+    assert row == "| 1 | 1.00 | 10.0 | 100.0 | 100.0 | 100.0 | 1.00 |"
 
 
 def test_ratios_and_throughput_agree_with_the_times(text):
@@ -238,3 +284,22 @@ def test_kernel_threads_table_is_what_bench_threads_writes():
         assert m, f"缺 bs={bs} 同一轮的比值"
         v = [float(x) for x in m.group(1).split("、")]
         assert f"{statistics.median(v):.2f}" == m.group(2)  # 用写出来的（两位小数的）比值算
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_matmul_macs_counts_each_matmul_weight_once(tied):
+    """一个请求一步的乘加次数：线性层和 LM head 的权重元素各一次；词嵌入是查表，没绑定时不算，绑定时那一份就是 LM head；
+    一维的（norm 的权重、bias）不是矩阵乘。"""
+    from types import SimpleNamespace
+
+    import torch
+
+    from tools.bench.floors import matmul_macs
+
+    weights = {"model.embed_tokens.weight": torch.empty(100, 8), "model.layers.0.qkv_proj.weight": torch.empty(24, 8),
+               "model.layers.0.input_layernorm.weight": torch.empty(8), "model.norm.weight": torch.empty(8)}
+    if not tied:
+        weights["lm_head.weight"] = torch.empty(100, 8)
+    engine = SimpleNamespace(config=SimpleNamespace(model_config=SimpleNamespace(tie_word_embeddings=tied)),
+                             model=SimpleNamespace(state_dict=lambda: weights))
+    assert matmul_macs(engine) == 100 * 8 + 24 * 8

@@ -8,7 +8,8 @@
     .venv/bin/python -m tools.bench --model DIR --steps 16 --repeat 3
 
 decode 是访存密集的：每一步都要把全部权重从内存读一遍。下限 = 权重字节数 / 实测的内存读带宽。
-batch 里多几个请求，读权重的代价几乎不变，所以好的实现 bs=4 每一步只比 bs=1 慢一点。
+batch 里多几个请求，读权重的代价几乎不变，所以好的实现 bs=4 每一步只比 bs=1 慢一点；乘加却多几份，
+所以还有第二个下限：乘加次数 / 实测的乘加峰值（floors.py）。bs=1~4 各一行，和 Engine 的一步并排。
 结果打印成表，同时写进 docs/snippets/bench_cpu.md（--smollm2 时是 bench_smollm2.md；书里引用它们）。
 """
 
@@ -25,11 +26,13 @@ from pathlib import Path
 
 import torch
 
+from tools.bench.floors import fma_rate, matmul_macs
 from tools.bench.llama import LlamaBench
 from tools.bench.machine import Steady, kernel_summary, machine_line
 from tools.bench.memory import PeakRSS, huge_page_line, read_bandwidth
 from tools.bench.profile import profile_engine_decode
-from tools.bench.report import BATCH_SIZES, COMMAND, COMMAND_SMOLLM2, SNIPPET, SNIPPET_SMOLLM2, pairs_line, render
+from tools.bench.report import (BATCH_SIZES, COMMAND, COMMAND_SMOLLM2, FLOOR_BATCHES, SNIPPET, SNIPPET_SMOLLM2,
+                                pairs_line, render)
 from tools.bench.timing import (PREFILL_TOKENS, PROMPTS, Timing, load_engine, load_skeleton, prefill_ids, time_engine,
                                 time_engine_prefill, time_hf, time_hf_prefill, time_skeleton, time_skeleton_prefill)
 from tools.manifest import use_checkpoint
@@ -79,6 +82,7 @@ class Measured:
     profile: str  # profile.profile_engine_decode 的那一行
     steal: str  # Steady.line()：被宿主机限流时重测了几次
     pairs: dict[str, list[float]] = field(default_factory=dict)  # report.PAIRS 的键 -> 每轮紧挨着量的一对之比
+    fma: tuple[float, str] | None = None  # floors.fma_rate：乘加的峰值（次/秒）和怎么量的；核用不了时 None
 
 
 def measure(args: argparse.Namespace, path: str, engine, llama: LlamaBench | None) -> Measured:
@@ -92,10 +96,12 @@ def measure(args: argparse.Namespace, path: str, engine, llama: LlamaBench | Non
     ids = torch.tensor(tok(PROMPTS[0]).input_ids)
     res = {k: Timing() for k in ("floor", "skeleton", "hf", "engine", *(["llama"] if llama else []))}
     gbps, how = 0.0, ""
+    fma: tuple[float, str] | None = None
     steady = Steady()  # 每一项都经它量：被宿主机限流的那一阵重测，不留在表里
     pairs: dict[str, list[float]] = {"engine bs4/bs1": [], **({"engine/llama": []} if llama else {})}
     for r in range(args.repeat):
         gbps, how = max((gbps, how), steady.run(read_bandwidth))
+        fma = max(fma, steady.run(fma_rate), key=lambda f: f[0] if f else 0.0)  # 和带宽一样每轮量、取最快的
         # llama.cpp、Engine bs=1、Engine bs=4 紧挨着测：比值表比的正是这两对，机器忙的那一阵多半落在一对的两头
         lc = steady.run(lambda: llama.decode_seconds(args.steps)) if llama else None
         step = {}
@@ -104,6 +110,9 @@ def measure(args: argparse.Namespace, path: str, engine, llama: LlamaBench | Non
             res["engine"].keep(bs, one)
             step[bs] = one[1]
         pairs["engine bs4/bs1"].append(step[4] / step[1])
+        for bs in FLOOR_BATCHES:  # 两个下限的表还要 bs=2、3：放在紧挨着的那一对之后
+            if bs not in BATCH_SIZES:
+                res["engine"].keep(bs, steady.run(lambda: time_engine(engine, tok, PROMPTS[:bs], args.steps + 1)))
         if llama:
             res["llama"].keep_best("decode", 1, lc)
             pairs["engine/llama"].append(step[1] / lc)
@@ -122,8 +131,9 @@ def measure(args: argparse.Namespace, path: str, engine, llama: LlamaBench | Non
         print(f"第 {r + 1}/{args.repeat} 轮：Engine {res['engine'].decode[1] * 1e3:.1f} / "
               f"{res['engine'].decode[4] * 1e3:.1f} ms/步（bs=1 / bs=4，到目前最快），"
               f"prefill {res['engine'].prefill[1] * 1e3:.0f} / {res['engine'].prefill[4] * 1e3:.0f} ms", flush=True)
-    res["floor"] = Timing({bs: weight_bytes(engine) / (gbps * 1e9) for bs in BATCH_SIZES}, {})
-    return Measured(res, f"{gbps:.1f} GB/s（{how}）", gbps, profile_engine_decode(engine, tok), steady.line(), pairs)
+    res["floor"] = Timing({bs: weight_bytes(engine) / (gbps * 1e9) for bs in FLOOR_BATCHES}, {})
+    return Measured(res, f"{gbps:.1f} GB/s（{how}）", gbps, profile_engine_decode(engine, tok), steady.line(), pairs,
+                    fma)
 
 
 def weight_bytes(engine) -> int:
@@ -149,7 +159,9 @@ def header(args: argparse.Namespace, argv: list[str], path: str, engine, rss: Pe
             "weights_kv": f"{(weights + kv) / gib:.2f} GiB",
             "peak_rss": "量不到（没有 /proc/self/clear_refs）" if rss.delta is None else f"{rss.delta / gib:.2f} GiB",
             "rss_over": "—" if rss.delta is None else f"{(rss.delta - weights - kv) / gib:+.2f} GiB",
-            "peer": peer_line(measured, weights), "pairs": pairs_line(measured.pairs)}
+            "peer": peer_line(measured, weights), "pairs": pairs_line(measured.pairs),
+            **({"fma_rate": str(measured.fma[0]), "fma_how": measured.fma[1], "macs": str(matmul_macs(engine))}
+               if measured.fma else {})}
 
 
 def peer_line(measured: Measured, weights: int) -> str:

@@ -1,4 +1,4 @@
-"""结果写成 markdown：抬头（命令、日期、机器、版本）、时间表、比值表（带目标）、内存那一行。
+"""结果写成 markdown：抬头（命令、日期、机器、版本）、时间表、比值表（带目标）、两个下限的表、内存那一行。
 表的列和行都在这里定义；tests/repo/test_bench_snippet.py 用它们核对 docs/snippets/ 里写出来的文件。"""
 
 from __future__ import annotations
@@ -15,6 +15,10 @@ COMMAND_SMOLLM2 = ".venv/bin/python -m tools.bench --smollm2"
 SNIPPETS = {SNIPPET: COMMAND, SNIPPET_SMOLLM2: COMMAND_SMOLLM2}  # 生成的片段 -> 生成它的命令（测试核对）
 
 BATCH_SIZES = (1, 4)
+FLOOR_BATCHES = (1, 2, 3, 4)  # 两个下限的表：Engine 的 decode 在这几个 batch 上都量
+FLOOR_COLUMNS = ["batch", "乘加 (G 次/步)", "算的下限 (ms)", "读的下限 (ms)", "两者大的 (ms)", "第 6 章 Engine (ms/步)",
+                 "Engine / 大的"]
+FLOOR_TARGET = 1.15  # bs=4 的一步不超过两个下限里大的那个的几倍
 COLUMNS = ["", "decode bs=1 (ms/步)", "decode bs=4 (ms/步)", "prefill 1×32 (ms)", "prefill 4×32 (ms)",
            "bs=1 tokens/s", "bs=4 tokens/s"]  # prefill：1 个、4 个 32 token 的提示词（llama.cpp 是 -p 32、-p 128）
 ROWS = {"floor": "内存带宽下限", "skeleton": "第 0 步骨架", "hf": "HF transformers", "engine": "第 6 章 Engine",
@@ -80,6 +84,21 @@ def ratio_rows(results: dict[str, Timing]) -> list[str]:
     return lines + [f"| {RATIOS[k]} | {a} | {b} | {TARGETS.get(k, '')} |" for k, (a, b) in ratios.items()]
 
 
+def floor_rows(results: dict[str, Timing], macs: int, rate: float) -> list[str]:
+    """每个 batch 一行：乘加次数、算的下限（乘加 / 峰值）、读的下限（和时间表的下限一行同一个数）、两者大的、
+    Engine 的一步、Engine / 大的。比值用表里显示的（取整到 0.1 ms 的）数算，读者能照表核对。"""
+    lines = ["| " + " | ".join(FLOOR_COLUMNS) + " |", "|" + "---|" * len(FLOOR_COLUMNS)]
+    for bs in FLOOR_BATCHES:
+        fma = round(bs * macs / rate * 1e3, 1)
+        read = round(results["floor"].decode[bs] * 1e3, 1)
+        engine = _ms(results["engine"].decode, bs)
+        top = max(fma, read)
+        ratio = None if engine is None or top == 0 else round(engine, 1) / top
+        lines.append(f"| {bs} | {bs * macs / 1e9:.2f} | {fma:.1f} | {read:.1f} | {top:.1f} | {fmt(engine)} | "
+                     f"{fmt(ratio, 2)} |")
+    return lines
+
+
 def render(results: dict[str, Timing], meta: dict[str, str]) -> str:
     """results：ROWS 的键 -> Timing；meta：抬头和内存那一行要填的字符串（键见下面用到的）。"""
     lines = [f"<!-- 由 tools/bench 生成，不要手改；重新生成：{meta['command']} -->", "",
@@ -94,6 +113,14 @@ def render(results: dict[str, Timing], meta: dict[str, str]) -> str:
     lines += time_rows(results) + [""] + ratio_rows(results)
     if meta.get("pairs"):  # 每轮紧挨着量的一对之比：各轮的数和中位数
         lines += ["", meta["pairs"]]
+    lines += ["", "<!-- --8<-- [start:floors] -->", ""]  # 附录单独引用这一段
+    if meta.get("fma_rate"):  # 两个下限：C++ 核用不了时量不到乘加的峰值，只写一句为什么
+        lines += [f'两个下限（见附录"两个下限"一节）：乘加的峰值 {float(meta["fma_rate"]) / 1e9:.0f} G 次/秒'
+                  f'（{meta["fma_how"]}）；读带宽同上。目标：bs=4 的一步 ≤ {FLOOR_TARGET} × 两者大的。', ""]
+        lines += floor_rows(results, int(meta["macs"]), float(meta["fma_rate"]))
+    else:
+        lines.append("两个下限：C++ 核用不了（线性层走 F.linear），量不到核的乘加峰值，这张表空着。")
+    lines += ["", "<!-- --8<-- [end:floors] -->"]
     if meta.get("peer"):  # llama.cpp 的 decode 折合成读权重的带宽，和下限并排
         lines += ["", meta["peer"]]
     lines += ["", (f"加载 Engine 时常驻内存的峰值增量：{meta['peak_rss']}；权重 + KV 池 = {meta['weights_kv']}"

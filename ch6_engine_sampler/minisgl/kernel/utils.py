@@ -27,7 +27,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 CSRC = Path(__file__).resolve().parent / "csrc"
-SOURCES = ("small_linear.cpp", "decode_ops.cpp", "module.cpp")  # 编成一个扩展，module.cpp 绑定
+SOURCES = ("small_linear.cpp", "decode_ops.cpp", "floors.cpp", "module.cpp")  # 编成一个扩展，module.cpp 绑定
 
 
 _ARCH = "-mcpu=native" if platform.machine().lower() in ("arm64", "aarch64") else "-march=native"

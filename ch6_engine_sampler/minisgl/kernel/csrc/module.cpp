@@ -1,4 +1,4 @@
-// 把 small_linear.cpp 和 decode_ops.cpp 的算子绑成一个 Python 扩展（minisgl/kernel/utils.py 的 load_jit 编它）。
+// 把 small_linear.cpp、decode_ops.cpp 和 floors.cpp 的算子绑成一个 Python 扩展（minisgl/kernel/utils.py 的 load_jit 编它）。
 #include "cpu_kernel.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -7,7 +7,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear", &linear, arg("x"), arg("w"), arg("b") = py::none());  // 线性层绑定的是它
   m.def("small_linear", &small_linear, arg("x"), arg("w"), arg("b") = py::none());
   m.def("gemm", &gemm, arg("x"), arg("w"), arg("b") = py::none());
-  m.def("stream_read", &stream_read, arg("x"));  // tools/bench 量读带宽用
+  m.def("stream_read", &stream_read, arg("x"));  // tools/bench 量两个下限用：读带宽、乘加的峰值
+  m.def("fma_peak", &fma_peak, arg("iters"));
   m.def("rms_norm", &rms_norm, arg("x"), arg("weight"), arg("eps"));
   m.def("add_rms_norm", &add_rms_norm, arg("x"), arg("residual"), arg("weight"), arg("eps"));
   m.def("apply_rope", &apply_rope, arg("positions"), arg("query"), arg("key"), arg("cos_sin_cache"), arg("head_dim"));
@@ -20,5 +21,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("max_rows") = kMaxRows;
   m.attr("vector_width") = kWidth;
   m.attr("tile") = py::make_tuple(kTileR, kTileT);
+  m.attr("unroll") = kUnroll;
+  m.attr("stream_input") = kStreamInput;
   m.attr("gemm_tile") = py::make_tuple(kGemmR, kGemmT);
 }

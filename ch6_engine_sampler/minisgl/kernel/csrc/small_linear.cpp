@@ -1,8 +1,7 @@
-// fp32 矩阵乘 y = x · wᵀ + b：线性层。两种行数，同一个寄存器小块（tile），换一种循环顺序。
+// fp32 矩阵乘 y = x · wᵀ + b：线性层。
 // decode（1~8 行）是在"读权重"：每个权重元素只做 2·行数 次运算。所以每个线程顺着读自己那几行权重，
 // 一次读进寄存器就给所有输入行用——batch 4 和 batch 1 读的权重一样多。
 // prefill（更多行）是在"算"：一块权重留在 L2、一组输入留在 L1，小块里每读一个数做好几次乘加（gemm）。
-#include <mutex>
 #include <vector>
 
 #include "cpu_kernel.h"
@@ -25,11 +24,58 @@ inline vec load_reg(const float* p) {
 }
 
 // 软件预取提前多少个数：固定 2 KB。提前一整行的话，提前多少随 k 变（k = 576 时 2.3 KB，k = 3072 时 12 KB）；
-// 1 KB、2 KB、4 KB 几种轮流测，2 KB 在 2~8 行上都在最快的一档（怎么测的见附录）
+// 1 KB、2 KB、4 KB、8 KB 几种轮流测，2 KB 在最快的一档（怎么测的见附录）
 constexpr int64_t kAhead = 512;
+constexpr int kLine = 64 / sizeof(float);  // 一条缓存行 16 个 float：每行发一条预取
 
-// R 行权重（第 r 行从 w + r·ldw 开始，每行 k 个）× T 行输入（从 x 开始）：结果写进 y 的 T 行，第 r 行权重的结果在
-// 第 r·ldr 列（bias 也按 ldr 取）。prefill 的小块里 R 行权重挨着（ldw = k，ldr = 1）；decode 的 R 行各在一段里（见 rows_range）
+// --8<-- [start:row]
+// decode 的主力：一行权重（k 个）× T 行输入（从 x 开始，每行 k 个），结果写进 y 的 T 行（相隔 ldy）。
+// 一次走 kUnroll 个向量：T × kUnroll 个累加器各自独立，乘加不用等上一次的结果。
+// 一个线程的行一行接一行调它：整段权重是一条从头到尾的顺序读，硬件预取最认得的读法；
+// 再让软件预取把 kAhead 个数之后的那条缓存行先取进 L1（最后的 3 是 prefetcht0），读到时它已经到了
+template <int T>
+void row_dot(const float* x, const float* w, int64_t k, float* y, int64_t ldy, const float* b) {
+  vec acc[T][kUnroll] = {};
+  int64_t i = 0;
+  for (; i + kUnroll * kWidth <= k; i += kUnroll * kWidth) {
+    for (int p = 0; p < kUnroll * kWidth; p += kLine) __builtin_prefetch(w + i + p + kAhead, 0, 3);
+    vec wv[kUnroll];
+    for (int u = 0; u < kUnroll; ++u) wv[u] = load_reg(w + i + u * kWidth);
+    for (int t = 0; t < T; ++t) {
+      for (int u = 0; u < kUnroll; ++u) acc[t][u] += load_reg(x + t * k + i + u * kWidth) * wv[u];
+    }
+  }
+  for (; i + kWidth <= k; i += kWidth) {  // 不够 kUnroll 个向量的一截
+    const vec wv = load(w + i);
+    for (int t = 0; t < T; ++t) acc[t][0] += load(x + t * k + i) * wv;
+  }
+  for (int t = 0; t < T; ++t) {
+    vec a = acc[t][0];
+    for (int u = 1; u < kUnroll; ++u) a += acc[t][u];
+    float s = hsum(a);
+    for (int64_t j = i; j < k; ++j) s += x[t * k + j] * w[j];  // k 不是向量宽度的倍数时的尾巴
+    y[t * ldy] = b ? s + *b : s;
+  }
+}
+
+// 一个线程的第 r0 到 r1 行，一行接一行
+void rows_stream(const float* x, int64_t n, const float* w, int64_t k, int64_t m, float* y, const float* b,
+                 int64_t r0, int64_t r1) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const float *wr = w + r * k, *br = b ? b + r : nullptr;
+    switch (n) {  // n 不超过 kTileT（见 small_linear）
+      case 1: row_dot<1>(x, wr, k, y + r, m, br); break;
+      case 2: row_dot<2>(x, wr, k, y + r, m, br); break;
+      case 3: if constexpr (kTileT >= 3) row_dot<3>(x, wr, k, y + r, m, br); break;
+      case 4: if constexpr (kTileT >= 4) row_dot<4>(x, wr, k, y + r, m, br); break;
+    }
+  }
+}
+// --8<-- [end:row]
+
+// 寄存器小块：R 行权重（第 r 行从 w + r·ldw 开始，每行 k 个）× T 行输入（从 x 开始），每读一个权重向量给 T 行用、
+// 每读一个输入向量给 R 行用。结果写进 y 的 T 行，第 r 行权重的结果在第 r·ldr 列（bias 也按 ldr 取）。
+// prefill 的小块里 R 行权重挨着（ldw = k，ldr = 1）；decode 输入放不进 L1 时 R 行各在一段里（见 rows_range）
 template <int R, int T, bool Prefetch>
 void tile(const float* x, const float* w, int64_t k, int64_t ldw, float* y, int64_t ldy, int64_t ldr, const float* b) {
   vec acc[T][R] = {};
@@ -38,9 +84,8 @@ void tile(const float* x, const float* w, int64_t k, int64_t ldw, float* y, int6
     vec wv[R];
     for (int r = 0; r < R; ++r) {
       wv[r] = load_reg(w + r * ldw + i);
-      // decode 的输入多于 1 行、一块要算一阵时（Prefetch）：这条顺序读 kAhead 个数之后的权重先从内存取到 L2（读到行尾
-      // 就是这一段的下一行，它们挨着）。最后的 2 是 prefetcht1（进 L2）：在 Zen 4 上 AVX-512 和 AVX2 的写法都比
-      // prefetchnta（0，"不再用"）明显快（见附录）。预取不是读：越过张量末尾也不出错、不取回数据
+      // decode（Prefetch）：这条顺序读 kAhead 个数之后的权重先取进 L2（2 是 prefetcht1：L1 留给输入）。
+      // 预取不是读：越过张量末尾也不出错、不取回数据
       if constexpr (Prefetch) __builtin_prefetch(w + r * ldw + i + kAhead, 0, 2);
     }
     for (int t = 0; t < T; ++t) {
@@ -74,7 +119,8 @@ void rows_tile(const float* x, int64_t n, const float* w, int64_t k, int64_t ldw
 }
 
 // 一个线程的一段权重：第 r0 到 r1 行。切成 R 段，每个小块取每段里的下一行：内存里是 R 条长长的顺序读。
-// 小块取 R 行挨着的权重时，每条顺序读只有一行长（k = 576 时 2.3 KB），硬件预取刚认出它就读完了
+// 小块取 R 行挨着的权重时，每条顺序读只有一行长（k = 576 时 2.3 KB），硬件预取刚认出它就读完了。
+// 每读一遍输入给 R 行权重用：输入大到放不进 L1 时，从 L2 重读它的次数少到 1/R
 template <int R, int G, bool Prefetch>
 void rows_range(const float* x, int64_t n, const float* w, int64_t k, int64_t m, float* y, const float* b,
                 int64_t r0, int64_t r1) {
@@ -151,20 +197,20 @@ torch::Tensor small_linear(const torch::Tensor& x_in, const torch::Tensor& w_in,
   const float *xp = o.xp(), *wp = o.wp(), *bp = o.bp();
   float* yp = o.yp();
   // --8<-- [start:parallel]
-  // 小块的形状和要不要预取，按这次的输入行数定一次：
-  // - 不超过 kTileT 行：kTileR × kTileT 的小块，输入一遍算完；
-  // - 更多（AVX2 上 3~8 行，AVX-512 上 5~8 行）：换 prefill 的 kGemmR × kGemmT 小块，寄存器正好装满，每读一遍权重算 4 行；
-  // - 1 行计算很轻，R 条长的顺序读硬件预取跟得上，不用软件预取；2 行起每块要算一阵，趁这时预取后面的权重，内存才不闲着
-  //   （都是几种写法轮流测 1~8 行定的，见附录）
-  const bool wide = n > kTileT;
-  const int64_t rows = wide ? kGemmR : kTileR, blocks = (m + rows - 1) / rows;
+  // 怎么读，按这次的形状定一次（几种写法轮流测 1~8 行定的，见附录）：
+  // - 输入不超过 kTileT 行、整个输入（n·k 个 float）不超过 kStreamInput：一行一行顺着读（rows_stream），
+  //   输入一直在 L1 里，每行权重读一次给所有输入行用；
+  // - 输入大了，每行权重都从 L2 重读一遍输入就划不来：换寄存器小块，R 段同时读，读一遍输入给 R 行用——
+  //   不超过 kTileT 行用 kTileR × kTileT，更多行（AVX2 上 3~8 行，AVX-512 上 5~8 行）用 prefill 的 kGemmR × kGemmT
+  const bool stream = n <= kTileT && n * k * int64_t(sizeof(float)) <= kStreamInput, wide = n > kTileT;
+  const int64_t rows = stream ? 1 : wide ? kGemmR : kTileR, blocks = (m + rows - 1) / rows;
   // 每个线程至少分到约 64 KB 权重：更小的矩阵开线程不划算
   const int64_t grain = k > 0 ? std::max<int64_t>(1, (16384 + rows * k - 1) / (rows * k)) : blocks;
   parallel_for(0, blocks, grain, [&](int64_t lo, int64_t hi) {
     const int64_t r0 = lo * rows, r1 = std::min(m, hi * rows);
-    if (wide) rows_range<kGemmR, kGemmT, true>(xp, n, wp, k, m, yp, bp, r0, r1);
-    else if (n > 1) rows_range<kTileR, kTileT, true>(xp, n, wp, k, m, yp, bp, r0, r1);
-    else rows_range<kTileR, kTileT, false>(xp, n, wp, k, m, yp, bp, r0, r1);
+    if (stream) rows_stream(xp, n, wp, k, m, yp, bp, r0, r1);
+    else if (wide) rows_range<kGemmR, kGemmT, true>(xp, n, wp, k, m, yp, bp, r0, r1);
+    else rows_range<kTileR, kTileT, true>(xp, n, wp, k, m, yp, bp, r0, r1);
   });
   // --8<-- [end:parallel]
   return o.y;
@@ -184,29 +230,6 @@ torch::Tensor gemm(const torch::Tensor& x_in, const torch::Tensor& w_in, const c
     }
   });
   return o.y;
-}
-
-// 只读不算：把 x 顺着读一遍、加起来（免得编译器把读省掉），和 small_linear 一样分：每个线程一段，切成 4 段同时顺着读。
-// tools/bench 拿它和 sum() 一起量内存读带宽、取快的那个当 decode 的下限：矩阵乘快不过把权重读一遍
-double stream_read(const torch::Tensor& x) {
-  TORCH_CHECK(x.is_cpu() && x.scalar_type() == at::kFloat && x.is_contiguous(), "stream_read: contiguous CPU fp32 only");
-  constexpr int64_t kGrain = 1 << 16;  // 每个线程至少 256 KB
-  const float* p = x.data_ptr<float>();
-  const int64_t n = x.numel();
-  double total = 0.0;
-  std::mutex m;  // 每段加一次：不靠线程号分格子（那是 OpenMP 才有的）
-  parallel_for(0, n, kGrain, [&](int64_t lo, int64_t hi) {
-    const int64_t q = (hi - lo) / (4 * kWidth) * kWidth;  // 每段 q 个，向量宽度的倍数；剩下的一个一个加
-    vec acc[4] = {};
-    for (int64_t i = 0; i < q; i += kWidth) {
-      for (int s = 0; s < 4; ++s) acc[s] += load(p + lo + s * q + i);
-    }
-    float t = hsum(acc[0] + acc[1] + acc[2] + acc[3]);
-    for (int64_t i = lo + 4 * q; i < hi; ++i) t += p[i];
-    std::lock_guard<std::mutex> l(m);
-    total += t;
-  });
-  return total;
 }
 
 // --8<-- [start:linear]

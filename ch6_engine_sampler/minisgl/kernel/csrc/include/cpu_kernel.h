@@ -29,7 +29,9 @@ constexpr int kTileT = 2;
 constexpr int kGemmR = 3;
 #endif
 #endif
-constexpr int kTileR = 4;     // 一次读 4 行权重
+constexpr int kTileR = 4;     // 输入放不进 L1 时：一块读 4 行权重
+constexpr int kUnroll = 4;    // decode 一行一行读时一次走 4 个向量：T × 4 个独立的累加器
+constexpr int64_t kStreamInput = 16 * 1024;  // decode 的输入不超过 16 KB（32 KB 的 L1 的一半）才一行一行读
 constexpr int kMaxRows = 8;   // 小批量矩阵乘最多管几行；更多行（prefill）是算力的活，走 gemm
 constexpr int kGemmT = 4;     // prefill 一块的输入行数
 constexpr int kGemmM = 24;    // prefill 时一个线程一次拿 24 行权重（kGemmR 的倍数），它们留在 L2 里给所有输入行用
@@ -56,7 +58,10 @@ using torch::Tensor;
 Tensor small_linear(const Tensor& x, const Tensor& w, const c10::optional<Tensor>& b);
 Tensor gemm(const Tensor& x, const Tensor& w, const c10::optional<Tensor>& b);
 Tensor linear(const Tensor& x, const Tensor& w, const c10::optional<Tensor>& b);
+
+// floors.cpp
 double stream_read(const Tensor& x);
+double fma_peak(int64_t iters);
 
 // decode_ops.cpp
 Tensor rms_norm(const Tensor& x, const Tensor& w, double eps);
