@@ -38,6 +38,17 @@ def floors(text: str) -> list[list[str]]:
     return tables(text)[2]
 
 
+def fake_timing() -> Timing:
+    """假结果：decode 有两个下限的表要的 bs=1~4，prefill 有 bs=1、4。"""
+    return Timing({1: 0.1, 2: 0.15, 3: 0.18, 4: 0.2}, {1: 0.3, 4: 0.4})
+
+
+def fake_meta() -> dict[str, str]:
+    """report.render 要的抬头字段，全填 "x"（只核对表的形状时用）。"""
+    return {k: "x" for k in ("command", "date", "machine", "transformers", "model", "kernels", "profile",
+                             "weights_mib", "bandwidth", "steps", "repeat", "peak_rss", "weights_kv", "rss_over")}
+
+
 def num(cell: str) -> float | None:
     return None if cell in ("—", "") else float(cell)
 
@@ -69,10 +80,8 @@ def test_columns_and_rows_match_what_bench_writes_now(text):
     llama.cpp 那一行只在给了 --llama-bench 时才有：假结果按文件里有没有它来造。"""
     times, ratios = parse(text)
     keys = [k for k in bench.ROWS if k != "llama" or bench.ROWS["llama"] in [r[0] for r in times]]
-    fake = {k: Timing({1: 0.1, 2: 0.15, 3: 0.18, 4: 0.2}, {1: 0.3, 4: 0.4}) for k in keys}
-    meta = {k: "x" for k in ("command", "date", "machine", "transformers", "model", "kernels", "profile",
-                             "weights_mib", "bandwidth", "steps", "repeat", "peak_rss", "weights_kv", "rss_over")}
-    meta |= {"fma_rate": "1e11", "fma_how": "x", "macs": "1000000"}
+    fake = {k: fake_timing() for k in keys}
+    meta = fake_meta() | {"fma_rate": "1e11", "fma_how": "x", "macs": "1000000"}
     want_times, want_ratios = parse(bench.render(fake, meta))
     assert [r[0] for r in floors(text)] == [r[0] for r in floors(bench.render(fake, meta))]
     assert times[0] == want_times[0] == bench.COLUMNS and ratios[0] == bench.RATIO_COLUMNS
@@ -106,10 +115,8 @@ def test_floors_table_agrees_with_the_fma_rate_and_the_other_tables(text):
 
 def test_without_the_kernel_the_floors_table_says_why():
     """C++ 核用不了时量不到核的乘加峰值：那一段只有一句为什么，没有表（不拿别的数凑一张）。"""
-    fake = {k: Timing({1: 0.1, 2: 0.15, 3: 0.18, 4: 0.2}, {1: 0.3, 4: 0.4})
-            for k in ("floor", "skeleton", "hf", "engine")}
-    meta = {k: "x" for k in ("command", "date", "machine", "transformers", "model", "kernels", "profile",
-                             "weights_mib", "bandwidth", "steps", "repeat", "peak_rss", "weights_kv", "rss_over")}
+    fake = {k: fake_timing() for k in ("floor", "skeleton", "hf", "engine")}
+    meta = fake_meta()
     text = bench.render(fake, meta)
     assert len(tables(text)) == 2 and "两个下限：C++ 核用不了（线性层走 F.linear），量不到核的乘加峰值" in text
     row = bench.floor_rows(fake, 10 ** 9, 1e11)[2]  # bs=1：10 ms 的乘加、100 ms 的读、Engine 100 ms
