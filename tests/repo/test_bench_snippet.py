@@ -241,32 +241,49 @@ def test_peer_line_says_who_reads_faster_than_the_floor(engine_ms, llama_ms, sai
     assert ("Engine 的 decode bs=1 折合读权重" in text) == (said in ("engine", "both")), text
 
 
-def test_pairs_line_lists_every_round_and_its_median(text):
-    """比值表下面那一句：每一对（Engine bs=4 / bs=1；有 llama.cpp 时 Engine / llama.cpp）各轮一个数，轮数 = 抬头写的
-    "每项 N 轮"，中位数由这几个数算得出；和比值表里"各自最快的一轮"之比的差，就是机器在几轮之间的起伏。"""
+def _round_values(line: str, labels: dict[str, str], repeat: int) -> dict[str, list[float]]:
+    """一句"同一轮里紧挨着量的一对"里每个标签的各轮之比：个数 = 轮数，中位数由这几个数算得出。"""
     import statistics
 
-    repeat = int(re.search(r"每项 (\d+) 轮取最快", text).group(1))
-    times, _ = parse(text)
-    has_llama = any(r[0] == bench.ROWS["llama"] for r in times)
-    line = next((s for s in text.splitlines() if s.startswith("同一轮里紧挨着量的一对")), None)
-    assert line, "缺少每轮紧挨着量的一对之比那一句"
     found = {}
-    for key, label in bench.PAIRS.items():
+    for key, label in labels.items():
         m = re.search(rf"{re.escape(label)}各轮是 ([\d.、]+)，中位数 ([\d.]+)", line)
         if m:
             values = [float(x) for x in m[1].split("、")]
             assert len(values) == repeat, f"{label}：{len(values)} 个数，抬头说 {repeat} 轮"
             assert float(m[2]) == pytest.approx(statistics.median(values), abs=0.0051), m[0]
             found[key] = values
-    assert set(found) == ({"engine bs4/bs1", "engine/llama"} if has_llama else {"engine bs4/bs1"}), line
+    return found
+
+
+def test_pairs_line_lists_every_round_and_its_median(text):
+    """比值表下面那一句：每一对（Engine bs=4 / bs=1；有 llama.cpp 时 Engine / llama.cpp）各轮一个数，轮数 = 抬头写的
+    "每项 N 轮"，中位数由这几个数算得出；和比值表里"各自最快的一轮"之比的差，就是机器在几轮之间的起伏。
+    两个下限的表下面也有一句：每轮 Engine bs=4 / 同一轮量的两个下限里大的。"""
+    repeat = int(re.search(r"每项 (\d+) 轮取最快", text).group(1))
+    times, _ = parse(text)
+    has_llama = any(r[0] == bench.ROWS["llama"] for r in times)
+    head, _, rest = text.partition("<!-- --8<-- [start:floors] -->")
+    section = rest.partition("<!-- --8<-- [end:floors] -->")[0]
+    lines = [s for s in head.splitlines() if s.startswith("同一轮里紧挨着量的一对")]
+    assert len(lines) == 1, "比值表下面缺少每轮紧挨着量的一对之比那一句"
+    found = _round_values(lines[0], bench.PAIRS, repeat)
+    assert set(found) == ({"engine bs4/bs1", "engine/llama"} if has_llama else {"engine bs4/bs1"}), lines[0]
+    lines = [s for s in section.splitlines() if s.startswith("同一轮里紧挨着量的一对")]
+    assert len(lines) == 1 and "上面的两个下限的表" in lines[0], "两个下限的表下面缺少每轮的 Engine bs=4 / 大的"
+    assert set(_round_values(lines[0], bench.FLOOR_PAIRS, repeat)) == set(bench.FLOOR_PAIRS), lines[0]
 
 
 def test_pairs_line_takes_each_round_as_measured():
-    """pairs_line 只排版：给什么数就写什么数，中位数照算；没有数时不写这一句。"""
-    line = bench.pairs_line({"engine bs4/bs1": [1.2, 1.0, 1.1], "engine/llama": [0.9, 0.95]})
+    """pairs_line 只排版：给什么数就写什么数，中位数照算；只写 labels 里有的键；没有数时不写这一句。"""
+    pairs = {"engine bs4/bs1": [1.2, 1.0, 1.1], "engine/llama": [0.9, 0.95], "engine bs4/floor": [1.3, 1.1]}
+    line = bench.pairs_line(pairs)
     assert "Engine 的 bs=4 步 / bs=1 步各轮是 1.20、1.00、1.10，中位数 1.10" in line
     assert "Engine / llama.cpp（decode bs=1）各轮是 0.90、0.95，中位数 0.93" in line
+    assert bench.FLOOR_PAIRS["engine bs4/floor"] not in line
+    line = bench.pairs_line(pairs, bench.FLOOR_PAIRS, "两个下限的表")
+    assert line.startswith("同一轮里紧挨着量的一对（上面的两个下限的表")
+    assert f"{bench.FLOOR_PAIRS['engine bs4/floor']}各轮是 1.30、1.10，中位数 1.20" in line and "bs=1 步" not in line
     assert bench.pairs_line({"engine bs4/bs1": []}) == ""
 
 

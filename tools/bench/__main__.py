@@ -31,8 +31,8 @@ from tools.bench.llama import LlamaBench
 from tools.bench.machine import Steady, kernel_summary, machine_line
 from tools.bench.memory import PeakRSS, huge_page_line, read_bandwidth
 from tools.bench.profile import profile_engine_decode
-from tools.bench.report import (BATCH_SIZES, COMMAND, COMMAND_SMOLLM2, FLOOR_BATCHES, SNIPPET, SNIPPET_SMOLLM2,
-                                pairs_line, render)
+from tools.bench.report import (BATCH_SIZES, COMMAND, COMMAND_SMOLLM2, FLOOR_BATCHES, FLOOR_PAIRS, SNIPPET,
+                                SNIPPET_SMOLLM2, pairs_line, render)
 from tools.bench.timing import (PREFILL_TOKENS, PROMPTS, Timing, load_engine, load_skeleton, prefill_ids, time_engine,
                                 time_engine_prefill, time_hf, time_hf_prefill, time_skeleton, time_skeleton_prefill)
 from tools.manifest import use_checkpoint
@@ -98,10 +98,14 @@ def measure(args: argparse.Namespace, path: str, engine, llama: LlamaBench | Non
     gbps, how = 0.0, ""
     fma: tuple[float, str] | None = None
     steady = Steady()  # 每一项都经它量：被宿主机限流的那一阵重测，不留在表里
-    pairs: dict[str, list[float]] = {"engine bs4/bs1": [], **({"engine/llama": []} if llama else {})}
+    pairs: dict[str, list[float]] = {"engine bs4/bs1": [], **({"engine/llama": []} if llama else {}),
+                                     "engine bs4/floor": []}
+    weights, macs = weight_bytes(engine), matmul_macs(engine)
     for r in range(args.repeat):
-        gbps, how = max((gbps, how), steady.run(read_bandwidth))
-        fma = max(fma, steady.run(fma_rate), key=lambda f: f[0] if f else 0.0)  # 和带宽一样每轮量、取最快的
+        now_gbps, now_how = steady.run(read_bandwidth)
+        now_fma = steady.run(fma_rate)
+        gbps, how = max((gbps, how), (now_gbps, now_how))
+        fma = max(fma, now_fma, key=lambda f: f[0] if f else 0.0)  # 和带宽一样每轮量、取最快的
         # llama.cpp、Engine bs=1、Engine bs=4 紧挨着测：比值表比的正是这两对，机器忙的那一阵多半落在一对的两头
         lc = steady.run(lambda: llama.decode_seconds(args.steps)) if llama else None
         step = {}
@@ -110,6 +114,8 @@ def measure(args: argparse.Namespace, path: str, engine, llama: LlamaBench | Non
             res["engine"].keep(bs, one)
             step[bs] = one[1]
         pairs["engine bs4/bs1"].append(step[4] / step[1])
+        if now_fma:  # 这一轮的带宽、乘加峰值算出的两个下限里大的那个，和这一轮的 bs=4 比：不混不同时段的最快
+            pairs["engine bs4/floor"].append(step[4] / max(weights / (now_gbps * 1e9), 4 * macs / now_fma[0]))
         for bs in FLOOR_BATCHES:  # 两个下限的表还要 bs=2、3：放在紧挨着的那一对之后
             if bs not in BATCH_SIZES:
                 res["engine"].keep(bs, steady.run(lambda: time_engine(engine, tok, PROMPTS[:bs], args.steps + 1)))
@@ -131,7 +137,7 @@ def measure(args: argparse.Namespace, path: str, engine, llama: LlamaBench | Non
         print(f"第 {r + 1}/{args.repeat} 轮：Engine {res['engine'].decode[1] * 1e3:.1f} / "
               f"{res['engine'].decode[4] * 1e3:.1f} ms/步（bs=1 / bs=4，到目前最快），"
               f"prefill {res['engine'].prefill[1] * 1e3:.0f} / {res['engine'].prefill[4] * 1e3:.0f} ms", flush=True)
-    res["floor"] = Timing({bs: weight_bytes(engine) / (gbps * 1e9) for bs in FLOOR_BATCHES}, {})
+    res["floor"] = Timing({bs: weights / (gbps * 1e9) for bs in FLOOR_BATCHES}, {})
     return Measured(res, f"{gbps:.1f} GB/s（{how}）", gbps, profile_engine_decode(engine, tok), steady.line(), pairs,
                     fma)
 
@@ -160,6 +166,7 @@ def header(args: argparse.Namespace, argv: list[str], path: str, engine, rss: Pe
             "peak_rss": "量不到（没有 /proc/self/clear_refs）" if rss.delta is None else f"{rss.delta / gib:.2f} GiB",
             "rss_over": "—" if rss.delta is None else f"{(rss.delta - weights - kv) / gib:+.2f} GiB",
             "peer": peer_line(measured, weights), "pairs": pairs_line(measured.pairs),
+            "floor_pairs": pairs_line(measured.pairs, FLOOR_PAIRS, "两个下限的表"),
             **({"fma_rate": str(measured.fma[0]), "fma_how": measured.fma[1], "macs": str(matmul_macs(engine))}
                if measured.fma else {})}
 

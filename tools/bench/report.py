@@ -33,13 +33,15 @@ TARGETS = {"hf/engine": "bs=1 ≥ 1.0，bs=4 ≥ 1.3", "engine bs4/bs1": "≤ 1.
 
 
 PAIRS = {"engine bs4/bs1": "Engine 的 bs=4 步 / bs=1 步", "engine/llama": "Engine / llama.cpp（decode bs=1）"}
+FLOOR_PAIRS = {"engine bs4/floor": "Engine 的 bs=4 步 / 同一轮量的两个下限里大的"}  # 两个下限的表下面那一句
 
 
-def pairs_line(pairs: dict[str, list[float]]) -> str:
-    """比值表用的是各自最快的一轮；机器在几轮之间忽快忽慢时，两个最快可能不在同一轮。这里是每轮里紧挨着量的那一对。"""
-    parts = [f"{PAIRS[k]}各轮是 {'、'.join(f'{x:.2f}' for x in v)}，中位数 {statistics.median(v):.2f}"
-             for k, v in pairs.items() if v]
-    return ("同一轮里紧挨着量的一对（上面的比值表用的是各自最快的一轮，不一定在同一轮）：" + "；".join(parts) + "。"
+def pairs_line(pairs: dict[str, list[float]], labels: dict[str, str] = PAIRS, table: str = "比值表") -> str:
+    """表里用的是各自最快的一轮；机器在几轮之间忽快忽慢时，两个最快可能不在同一轮。这里是每轮里紧挨着量的那一对。
+    labels 里有的键才写（比值表下面写 PAIRS，两个下限的表下面写 FLOOR_PAIRS）。"""
+    parts = [f"{labels[k]}各轮是 {'、'.join(f'{x:.2f}' for x in v)}，中位数 {statistics.median(v):.2f}"
+             for k, v in pairs.items() if v and k in labels]
+    return (f"同一轮里紧挨着量的一对（上面的{table}用的是各自最快的一轮，不一定在同一轮）：" + "；".join(parts) + "。"
             if parts else "")
 
 
@@ -118,6 +120,8 @@ def render(results: dict[str, Timing], meta: dict[str, str]) -> str:
         lines += [f'两个下限（见附录"两个下限"一节）：乘加的峰值 {float(meta["fma_rate"]) / 1e9:.0f} G 次/秒'
                   f'（{meta["fma_how"]}）；读带宽同上。目标：bs=4 的一步 ≤ {FLOOR_TARGET} × 两者大的。', ""]
         lines += floor_rows(results, int(meta["macs"]), float(meta["fma_rate"]))
+        if meta.get("floor_pairs"):  # 每轮：Engine bs=4 和同一轮量的带宽、乘加峰值算出的两个下限
+            lines += ["", meta["floor_pairs"]]
     else:
         lines.append("两个下限：C++ 核用不了（线性层走 F.linear），量不到核的乘加峰值，这张表空着。")
     lines += ["", "<!-- --8<-- [end:floors] -->"]
