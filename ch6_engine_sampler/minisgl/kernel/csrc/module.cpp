@@ -21,6 +21,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("max_rows") = kMaxRows;
   m.attr("vector_width") = kWidth;
   m.attr("tile") = py::make_tuple(kTileR, kTileT);
+  m.attr("row_inputs") = kRowT;
   m.attr("unroll") = kUnroll;
   m.attr("stream_input") = kStreamInput;
   m.attr("gemm_tile") = py::make_tuple(kGemmR, kGemmT);

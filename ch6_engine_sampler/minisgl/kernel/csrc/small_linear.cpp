@@ -30,28 +30,29 @@ constexpr int kLine = 64 / sizeof(float);  // 一条缓存行 16 个 float：每
 
 // --8<-- [start:row]
 // decode 的主力：一行权重（k 个）× T 行输入（从 x 开始，每行 k 个），结果写进 y 的 T 行（相隔 ldy）。
-// 一次走 kUnroll 个向量：T × kUnroll 个累加器各自独立，乘加不用等上一次的结果。
+// 一次走 U 个向量：T × U 个累加器各自独立，乘加不用等上一次的结果。
 // 一个线程的行一行接一行调它：整段权重是一条从头到尾的顺序读，硬件预取最认得的读法；
 // 再让软件预取把 kAhead 个数之后的那条缓存行先取进 L1（最后的 3 是 prefetcht0），读到时它已经到了
 template <int T>
 void row_dot(const float* x, const float* w, int64_t k, float* y, int64_t ldy, const float* b) {
-  vec acc[T][kUnroll] = {};
+  constexpr int U = kRowUnroll<T>;
+  vec acc[T][U] = {};
   int64_t i = 0;
-  for (; i + kUnroll * kWidth <= k; i += kUnroll * kWidth) {
-    for (int p = 0; p < kUnroll * kWidth; p += kLine) __builtin_prefetch(w + i + p + kAhead, 0, 3);
-    vec wv[kUnroll];
-    for (int u = 0; u < kUnroll; ++u) wv[u] = load_reg(w + i + u * kWidth);
+  for (; i + U * kWidth <= k; i += U * kWidth) {
+    for (int p = 0; p < U * kWidth; p += kLine) __builtin_prefetch(w + i + p + kAhead, 0, 3);
+    vec wv[U];
+    for (int u = 0; u < U; ++u) wv[u] = load_reg(w + i + u * kWidth);
     for (int t = 0; t < T; ++t) {
-      for (int u = 0; u < kUnroll; ++u) acc[t][u] += load_reg(x + t * k + i + u * kWidth) * wv[u];
+      for (int u = 0; u < U; ++u) acc[t][u] += load_reg(x + t * k + i + u * kWidth) * wv[u];
     }
   }
-  for (; i + kWidth <= k; i += kWidth) {  // 不够 kUnroll 个向量的一截
+  for (; i + kWidth <= k; i += kWidth) {  // 不够 U 个向量的一截
     const vec wv = load(w + i);
     for (int t = 0; t < T; ++t) acc[t][0] += load(x + t * k + i) * wv;
   }
   for (int t = 0; t < T; ++t) {
     vec a = acc[t][0];
-    for (int u = 1; u < kUnroll; ++u) a += acc[t][u];
+    for (int u = 1; u < U; ++u) a += acc[t][u];
     float s = hsum(a);
     for (int64_t j = i; j < k; ++j) s += x[t * k + j] * w[j];  // k 不是向量宽度的倍数时的尾巴
     y[t * ldy] = b ? s + *b : s;
@@ -63,11 +64,11 @@ void rows_stream(const float* x, int64_t n, const float* w, int64_t k, int64_t m
                  int64_t r0, int64_t r1) {
   for (int64_t r = r0; r < r1; ++r) {
     const float *wr = w + r * k, *br = b ? b + r : nullptr;
-    switch (n) {  // n 不超过 kTileT（见 small_linear）
+    switch (n) {  // n 不超过 kRowT（见 small_linear）
       case 1: row_dot<1>(x, wr, k, y + r, m, br); break;
       case 2: row_dot<2>(x, wr, k, y + r, m, br); break;
-      case 3: if constexpr (kTileT >= 3) row_dot<3>(x, wr, k, y + r, m, br); break;
-      case 4: if constexpr (kTileT >= 4) row_dot<4>(x, wr, k, y + r, m, br); break;
+      case 3: row_dot<3>(x, wr, k, y + r, m, br); break;
+      case 4: row_dot<4>(x, wr, k, y + r, m, br); break;
     }
   }
 }
@@ -198,11 +199,11 @@ torch::Tensor small_linear(const torch::Tensor& x_in, const torch::Tensor& w_in,
   float* yp = o.yp();
   // --8<-- [start:parallel]
   // 怎么读，按这次的形状定一次（几种写法轮流测 1~8 行定的，见附录）：
-  // - 输入不超过 kTileT 行、整个输入（n·k 个 float）不超过 kStreamInput：一行一行顺着读（rows_stream），
+  // - 输入不超过 kRowT 行、整个输入（n·k 个 float）不超过 kStreamInput：一行一行顺着读（rows_stream），
   //   输入一直在 L1 里，每行权重读一次给所有输入行用；
   // - 输入大了，每行权重都从 L2 重读一遍输入就划不来：换寄存器小块，R 段同时读，读一遍输入给 R 行用——
-  //   不超过 kTileT 行用 kTileR × kTileT，更多行（AVX2 上 3~8 行，AVX-512 上 5~8 行）用 prefill 的 kGemmR × kGemmT
-  const bool stream = n <= kTileT && n * k * int64_t(sizeof(float)) <= kStreamInput, wide = n > kTileT;
+  //   不超过 kTileT 行用 kTileR × kTileT，更多行用 prefill 的 kGemmR × kGemmT（AVX2 上 3~8 行，AVX-512 上 5~8 行）
+  const bool stream = n <= kRowT && n * k * int64_t(sizeof(float)) <= kStreamInput, wide = !stream && n > kTileT;
   const int64_t rows = stream ? 1 : wide ? kGemmR : kTileR, blocks = (m + rows - 1) / rows;
   // 每个线程至少分到约 64 KB 权重：更小的矩阵开线程不划算
   const int64_t grain = k > 0 ? std::max<int64_t>(1, (16384 + rows * k - 1) / (rows * k)) : blocks;

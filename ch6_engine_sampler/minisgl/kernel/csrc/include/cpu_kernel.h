@@ -30,7 +30,12 @@ constexpr int kGemmR = 3;
 #endif
 #endif
 constexpr int kTileR = 4;     // 输入放不进 L1 时：一块读 4 行权重
-constexpr int kUnroll = 4;    // decode 一行一行读时一次走 4 个向量：T × 4 个独立的累加器
+constexpr int kRowT = 4;      // decode 一行一行读时最多 4 行输入，各种宽度都是（寄存器少时每次少走几个向量）
+constexpr int kUnroll = 4;    // 一行一行读时一次最多走 4 个向量
+constexpr int kRowAcc = kTileT >= 4 ? 16 : 8;  // 一行一行读的累加器上限：32 个寄存器时 16 个，16 个时 8 个
+// T 行输入一次走几个向量：T × U 个累加器不超过 kRowAcc。AVX-512、NEON 都是 4；AVX2 的 3、4 行是 2（8 + 2 + 1 个寄存器）
+template <int T>
+constexpr int kRowUnroll = kRowAcc / T < kUnroll ? kRowAcc / T : kUnroll;
 constexpr int64_t kStreamInput = 16 * 1024;  // decode 的输入不超过 16 KB（32 KB 的 L1 的一半）才一行一行读
 constexpr int kMaxRows = 8;   // 小批量矩阵乘最多管几行；更多行（prefill）是算力的活，走 gemm
 constexpr int kGemmT = 4;     // prefill 一块的输入行数
