@@ -40,7 +40,7 @@ double stream_read(const torch::Tensor& x) {
 // 返回每秒多少次 float 乘加（所有线程加起来）；线程分法和 small_linear 一样，用的是同一批线程
 double fma_peak(int64_t iters) {
   TORCH_CHECK(iters > 0, "fma_peak: iters must be positive, got ", iters);
-  constexpr int kAcc = kTileT >= 4 ? 16 : 12;  // 32 个向量寄存器（kTileT = 4）时 16 个，16 个寄存器时 12 个
+  constexpr int kAcc = kVecRegs >= 32 ? 16 : 12;  // 32 个向量寄存器时 16 个，16 个时 12 个
   const int threads = static_cast<int>(num_threads());
   std::mutex m;
   double sink = 0.0;

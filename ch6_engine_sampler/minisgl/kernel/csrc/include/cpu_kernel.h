@@ -12,19 +12,23 @@
 namespace minisgl {
 
 #if defined(__AVX512F__)
-constexpr int kWidth = 16;  // 一个向量 16 个 float；32 个向量寄存器
+constexpr int kWidth = 16;  // 一个向量 16 个 float
+constexpr int kVecRegs = 32;
 constexpr int kTileT = 4;   // 4 行权重 × 4 行输入 = 16 个累加器，再加 4 个权重、1 个输入，不溢出
 constexpr int kGemmR = 4;   // prefill 的块：和 decode 一样 4 × 4
 #elif defined(__AVX__)
-constexpr int kWidth = 8;   // AVX2 只有 16 个向量寄存器：4 × 2 = 8 个累加器 + 4 + 1
+constexpr int kWidth = 8;
+constexpr int kVecRegs = 16;  // AVX2 只有 16 个向量寄存器：4 × 2 = 8 个累加器 + 4 + 1
 constexpr int kTileT = 2;
 constexpr int kGemmR = 3;   // prefill 的块：3 行权重 × 4 行输入 = 12 个累加器 + 3 + 1，正好 16 个
 #else
 constexpr int kWidth = 4;   // SSE / ARM NEON：128 位
 #if defined(__aarch64__)
-constexpr int kTileT = 4;   // NEON 有 32 个寄存器
+constexpr int kVecRegs = 32;  // NEON 有 32 个寄存器
+constexpr int kTileT = 4;
 constexpr int kGemmR = 4;
 #else
+constexpr int kVecRegs = 16;
 constexpr int kTileT = 2;
 constexpr int kGemmR = 3;
 #endif
@@ -32,7 +36,7 @@ constexpr int kGemmR = 3;
 constexpr int kTileR = 4;     // 输入放不进 L1 时：一块读 4 行权重
 constexpr int kRowT = 4;      // decode 一行一行读时最多 4 行输入，各种宽度都是（寄存器少时每次少走几个向量）
 constexpr int kUnroll = 4;    // 一行一行读时一次最多走 4 个向量
-constexpr int kRowAcc = kTileT >= 4 ? 16 : 8;  // 一行一行读的累加器上限：32 个寄存器时 16 个，16 个时 8 个
+constexpr int kRowAcc = kVecRegs / 2;  // 一行一行读的累加器上限：寄存器的一半，留下的装权重和输入
 // T 行输入一次走几个向量：T × U 个累加器不超过 kRowAcc。AVX-512、NEON 都是 4；AVX2 的 3、4 行是 2（8 + 2 + 1 个寄存器）
 template <int T>
 constexpr int kRowUnroll = kRowAcc / T < kUnroll ? kRowAcc / T : kUnroll;
