@@ -37,7 +37,8 @@ constexpr int kTileR = 4;     // 输入放不进 L1 时：一块读 4 行权重
 constexpr int kRowT = 4;      // decode 一行一行读时最多 4 行输入，各种宽度都是（寄存器少时每次少走几个向量）
 constexpr int kUnroll = 4;    // 一行一行读时一次最多走 4 个向量
 constexpr int kRowAcc = kVecRegs / 2;  // 一行一行读的累加器上限：寄存器的一半，留下的装权重和输入
-// T 行输入一次走几个向量：T × U 个累加器不超过 kRowAcc。AVX-512、NEON 都是 4；AVX2 的 3、4 行是 2（8 + 2 + 1 个寄存器）
+// T 行输入一次走几个向量：T × U 个累加器不超过 kRowAcc。32 个寄存器（AVX-512、NEON）都是 4；
+// 16 个（AVX2、SSE）时 3、4 行是 2（8 + 2 + 1 个寄存器）
 template <int T>
 constexpr int kRowUnroll = kRowAcc / T < kUnroll ? kRowAcc / T : kUnroll;
 constexpr int64_t kStreamInput = 16 * 1024;  // decode 的输入不超过 16 KB（32 KB 的 L1 的一半）才一行一行读
