@@ -139,6 +139,8 @@ def main() -> None:
     k = kernel.num_threads() if engine.device.type == "cpu" else None
     why = "，没带 OpenMP 编（借 torch 的 OpenMP 线程）" if k is not None and not kernel.utils.OPENMP else ""
     print(f"  {torch.get_num_threads()} 个线程（{who}）" + ("" if k is None else f"；C++ 核用 {k} 个{why}"))
+    if k is not None:  # 1~8 行的矩阵乘用哪种读法：载入核时在本机量出来的（附录"按实测选"）
+        print(f"  {kernel.chosen_plan().short()}")
 
     m.generate(PROMPTS, 2)  # 预热：第一次前向要分配内存、填缓存，不算进计时
     # 1. 和第 0 步同一个请求

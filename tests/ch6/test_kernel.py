@@ -79,19 +79,40 @@ def test_kernel_builds_where_a_compiler_is():
 @pytest.mark.parametrize("rows", [*range(1, 9), 9, 13, 30, 67])  # 9 行起是 gemm：凑不满一块输入行、凑不满一块权重行
 @pytest.mark.parametrize("out,inp", SHAPES)
 @pytest.mark.parametrize("has_bias", [True, False])
-def test_kernel_matches_float64(rows, out, inp, has_bias):
+def test_kernel_matches_float64(rows, out, inp, has_bias, monkeypatch):
+    """1~8 行时每种读法都核对一遍（经 MINISGL_KERNEL_VARIANT 强制，线性层查的就是那张表）。"""
     ext = _ext_or_skip()
     g = torch.Generator().manual_seed(rows * 1000 + out)
     x, w = torch.randn(rows, inp, generator=g), torch.randn(out, inp, generator=g) * 0.05
     b = torch.randn(out, generator=g) if has_bias else None
-    got = (ext.small_linear if rows <= ext.max_rows else ext.gemm)(x, w, b)
     ref = F.linear(x.double(), w.double(), None if b is None else b.double())
     scale = x.double().abs() @ w.double().abs().t() + (0 if b is None else b.double().abs())
-    assert got.shape == (rows, out) and got.dtype == torch.float32 and got.is_contiguous()
-    err = ((got.double() - ref).abs() / scale.clamp_min(1e-30)).max().item() if got.numel() else 0.0
-    assert err <= RTOL_ABS_DOT, f"({rows}, {inp}) × ({out}, {inp})ᵀ：误差 {err:.2e} × Σ|x·w|，超过 {RTOL_ABS_DOT}"
-    # 和 F.linear（MKL）之间也只差累加顺序
-    torch.testing.assert_close(got, F.linear(x, w, b), rtol=1e-4, atol=1e-5)
+    for variant in (each_variant(ext, monkeypatch, rows) if rows <= ext.max_rows else ["gemm"]):
+        got = ext.linear(x, w, b)
+        assert got.shape == (rows, out) and got.dtype == torch.float32 and got.is_contiguous()
+        err = ((got.double() - ref).abs() / scale.clamp_min(1e-30)).max().item() if got.numel() else 0.0
+        assert err <= RTOL_ABS_DOT, (f"{variant}：({rows}, {inp}) × ({out}, {inp})ᵀ：误差 {err:.2e} × Σ|x·w|，"
+                                     f"超过 {RTOL_ABS_DOT}")
+        # 和 F.linear（MKL）之间也只差累加顺序
+        torch.testing.assert_close(got, F.linear(x, w, b), rtol=1e-4, atol=1e-5)
+
+
+def each_variant(ext, monkeypatch, rows: int):
+    """管得了 rows 行的每种读法：经 MINISGL_KERNEL_VARIANT 强制它、重新定表（和读者设了环境变量再起进程一样），
+    核对表里真是它；最后还原原来的表。"""
+    from minisgl.kernel import plan
+
+    before = ext.get_plan()
+    try:
+        for i, (name, lim) in enumerate(zip(ext.variants, ext.variant_rows)):
+            if rows <= lim:
+                monkeypatch.setenv(plan.VARIANT_ENV, name)
+                plan.install(ext)
+                assert ext.get_plan()[rows - 1] == i
+                yield name
+    finally:
+        monkeypatch.delenv(plan.VARIANT_ENV, raising=False)
+        ext.set_plan(before)
 
 
 def test_kernel_takes_non_contiguous_input():

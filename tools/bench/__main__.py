@@ -51,6 +51,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="llama.cpp 的 llama-bench 可执行文件：给了就加一行 llama.cpp（F32，同样的线程数）")
     ap.add_argument("--llama-convert", help="llama.cpp 的 convert_hf_to_gguf.py；默认在 llama-bench 的上级目录里找")
     ap.add_argument("--out", help="写 markdown 表的位置（空字符串 = 不写）；默认按模型写进 docs/snippets/")
+    ap.add_argument("--against", metavar="REV|DIR",
+                    help="只做 A/B（against.py）：本仓库的 Engine 和另一个提交（如 d06c9e5）或文件夹（如 my_ch6）的"
+                         "轮流量，写每轮的 bs=1、bs=4 和同一轮的比值")
+    ap.add_argument("--variants", action="store_true",
+                    help="只做 A/B：再加上核的每种读法各强制一份（MINISGL_KERNEL_VARIANT），看按实测选的离最快的多远")
     return ap.parse_args(argv)
 
 
@@ -193,6 +198,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     path = pick_model(args)
     use_checkpoint("ch6_engine_sampler")  # import minisgl 得到第 6 章的检查点
+    if args.against or args.variants:
+        return ab_main(args, argv, path)
     gc.collect()
     t0 = time.perf_counter()
     with PeakRSS() as rss:
@@ -207,6 +214,24 @@ def main(argv: list[str] | None = None) -> None:
     out = args.out if args.out is not None else str(SNIPPET_SMOLLM2 if args.smollm2 else SNIPPET)
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(text, encoding="utf-8")
+        print(f"已写入 {out}")
+
+
+def ab_main(args: argparse.Namespace, argv: list[str], path: str) -> None:
+    """--against / --variants：只做 A/B，表写进 docs/snippets/bench_against.md（正是附录那条命令时）或 --out。"""
+    from tools.bench import against
+
+    command = " ".join([".venv/bin/python", "-m", "tools.bench", *argv])
+    text = against.run(path, args.against, args.variants, args.repeat, args.steps)
+    head = [f"<!-- 由 tools/bench/against.py 生成，不要手改；重新生成：{against.COMMAND} -->", "",
+            f"命令：`{command}`<br>",
+            f"日期：{datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}；{machine_line()}<br>",
+            f"模型：{Path(path).name}；线性层的核：{kernel_summary()}<br>", ""]
+    text = "\n".join(head) + text
+    print("\n" + text)
+    out = args.out if args.out is not None else (str(against.SNIPPET) if command == against.COMMAND else "")
+    if out:
         Path(out).write_text(text, encoding="utf-8")
         print(f"已写入 {out}")
 

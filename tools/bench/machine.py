@@ -66,9 +66,9 @@ def kernel_summary() -> str:
         return "全用 F.linear（C++ 核用不了，原因见运行时打印的那一行）"
     (rows, cols), (grows, gcols) = ext.tile, ext.gemm_tile
     return (f"C++ small_linear（1~{ext.max_rows} 行；每次 {ext.vector_width} 个 float 的向量；"
-            f"不超过 {ext.row_inputs} 行、输入不超过 {ext.stream_input // 1024} KB 时一行一行顺着读，"
-            f"一次至多 {ext.unroll} 个向量；"
-            f"输入更大时 {rows} 行权重 × {cols} 行输入一块，更多行用 gemm 的小块）"
+            f"读法 tile 是 {rows} 行权重 × {cols} 行输入一块、更多行用 gemm 的小块，"
+            f"读法 row 在不超过 {ext.row_inputs} 行、输入不超过 {ext.stream_input // 1024} KB 时一行一行顺着读，"
+            f"一次至多 {ext.unroll} 个向量；{kernel.chosen_plan().line()}）"
             f"和 gemm（更多行；{grows} 行权重 × {gcols} 行输入一块）")
 
 

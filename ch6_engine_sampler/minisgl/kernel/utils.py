@@ -22,9 +22,12 @@ import sys
 import time
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
+
+if TYPE_CHECKING:
+    from .plan import Plan
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = ("small_linear.cpp", "decode_ops.cpp", "floors.cpp", "module.cpp")  # 编成一个扩展，module.cpp 绑定
@@ -123,6 +126,7 @@ def load_jit(name: str, sources: Sequence[str]) -> ModuleType:
 
 
 _refusal: list[str] = []  # extension() 拒绝这套工具链时的原因
+_plan: list[Plan] = []  # extension() 载入时定下的 1~8 行的读法（plan.install）
 
 
 @functools.cache
@@ -150,7 +154,16 @@ def extension() -> ModuleType | None:
     if time.perf_counter() - t0 > 2:
         print(f"minisgl.kernel：编译了 {files}（{time.perf_counter() - t0:.0f} 秒，之后的进程直接用缓存）",
               file=sys.stderr)
+    from .plan import install  # 不在文件头 import：这个文件还要当编译子进程的脚本跑（见文件末尾）
+
+    _plan[:] = [install(ext)]  # 读法在这里定一次（第一次在本机量，之后读缓存）；MINISGL_KERNEL_VARIANT 不对时报一行
     return ext
+
+
+def chosen_plan() -> Plan | None:
+    """这个进程里 small_linear 1~8 行各用哪种读法、怎么定的（Plan.line() 是给人看的一行）；核用不了时是 None。"""
+    extension()
+    return _plan[0] if _plan else None
 
 
 def refusal() -> str | None:

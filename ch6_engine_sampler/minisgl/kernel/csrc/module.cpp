@@ -5,7 +5,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using namespace minisgl;
   using pybind11::arg;
   m.def("linear", &linear, arg("x"), arg("w"), arg("b") = py::none());  // 线性层绑定的是它
-  m.def("small_linear", &small_linear, arg("x"), arg("w"), arg("b") = py::none());
+  m.def("small_linear", &small_linear, arg("x"), arg("w"), arg("b") = py::none(), arg("variant") = -1);
+  m.def("set_plan", &set_plan, arg("table"));  // kernel/plan.py 按实测选好后写一次：1~8 行各用哪种读法
+  m.def("get_plan", &get_plan);
   m.def("gemm", &gemm, arg("x"), arg("w"), arg("b") = py::none());
   m.def("stream_read", &stream_read, arg("x"));  // tools/bench 量两个下限用：读带宽、乘加的峰值
   m.def("fma_peak", &fma_peak, arg("iters"));
@@ -22,6 +24,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("vector_width") = kWidth;
   m.attr("tile") = py::make_tuple(kTileR, kTileT);
   m.attr("row_inputs") = kRowT;
+  // 读法的名字和各自最多管几行，下标就是 set_plan 里的编号
+  m.attr("variants") = std::vector<std::string>(kVariantNames, kVariantNames + kVariants);
+  m.attr("variant_rows") = std::vector<int64_t>(kVariantRows, kVariantRows + kVariants);
   m.attr("unroll") = kUnroll;
   m.attr("stream_input") = kStreamInput;
   m.attr("gemm_tile") = py::make_tuple(kGemmR, kGemmT);

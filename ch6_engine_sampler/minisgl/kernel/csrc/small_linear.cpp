@@ -189,21 +189,31 @@ Operands operands(const torch::Tensor& x, const torch::Tensor& w, const c10::opt
 
 }  // namespace
 
-torch::Tensor small_linear(const torch::Tensor& x_in, const torch::Tensor& w_in, const c10::optional<torch::Tensor>& b_in) {
+// --8<-- [start:variants]
+// 1~8 行输入有几种读法（variant），哪种快因 CPU 而异：Zen 5 上 row 快，Zen 4 上 tile 快（附录"按实测选"）。
+// 不写规则，载入扩展时在本机把几种轮流量一遍（kernel/plan.py），给每个行数挑最快的一种写进 plan；small_linear 每次只查表
+// - tile：寄存器小块，R 段同时读、读一遍输入给 R 行权重用（不超过 kTileT 行 kTileR × kTileT，更多行 kGemmR × kGemmT；
+//   2 行起预取后面的权重）；
+// - row：一行一行顺着读（row_dot），一个线程的权重是一条顺序读；只管不超过 kRowT 行，输入超过 kStreamInput 时同 tile
+int plan[kMaxRows + 1] = {};  // plan[n]：n 行输入用哪种读法；载入时 set_plan 写一次，之前都是 tile
+// --8<-- [end:variants]
+
+torch::Tensor small_linear(const torch::Tensor& x_in, const torch::Tensor& w_in, const c10::optional<torch::Tensor>& b_in,
+                           int64_t variant) {
   TORCH_CHECK(x_in.dim() != 2 || x_in.size(0) <= kMaxRows, "small_linear: at most ", kMaxRows, " rows, got ",
               x_in.size(0));
   RECORD_FUNCTION("minisgl::small_linear", std::vector<c10::IValue>());  // 在 torch.profiler 里看得见；没开 profiler 时几乎不花时间
   Operands o = operands(x_in, w_in, b_in, "small_linear");
   const int64_t n = o.n, k = o.k, m = o.m;
+  TORCH_CHECK(variant >= -1 && variant < kVariants && (variant < 0 || n <= kVariantRows[variant]),
+              "small_linear: variant ", variant, " does not take ", n, " rows");
+  const int v = variant < 0 ? plan[n] : int(variant);  // -1：查表（线性层都这样调）；别的：tools/bench 量某一种
   const float *xp = o.xp(), *wp = o.wp(), *bp = o.bp();
   float* yp = o.yp();
   // --8<-- [start:parallel]
-  // 怎么读，按这次的形状定一次（几种写法轮流测 1~8 行定的，见附录）：
-  // - 输入不超过 kRowT 行、整个输入（n·k 个 float）不超过 kStreamInput：一行一行顺着读（rows_stream），
-  //   输入一直在 L1 里，每行权重读一次给所有输入行用；
-  // - 输入大了，每行权重都从 L2 重读一遍输入就划不来：换寄存器小块，R 段同时读，读一遍输入给 R 行用——
-  //   不超过 kTileT 行用 kTileR × kTileT，更多行用 prefill 的 kGemmR × kGemmT（AVX2 上 3~8 行，AVX-512 上 5~8 行）
-  const bool stream = n <= kRowT && n * k * int64_t(sizeof(float)) <= kStreamInput, wide = !stream && n > kTileT;
+  // 按读法和这次的形状定一次怎么切：row 每块 1 行权重；tile 不超过 kTileT 行时每块 kTileR 行、更多行每块 kGemmR 行
+  const bool stream = v == kRow && n <= kRowT && n * k * int64_t(sizeof(float)) <= kStreamInput;
+  const bool wide = !stream && n > kTileT, prefetch = v == kRow || n > 1;
   const int64_t rows = stream ? 1 : wide ? kGemmR : kTileR, blocks = (m + rows - 1) / rows;
   // 每个线程至少分到约 64 KB 权重：更小的矩阵开线程不划算
   const int64_t grain = k > 0 ? std::max<int64_t>(1, (16384 + rows * k - 1) / (rows * k)) : blocks;
@@ -211,11 +221,25 @@ torch::Tensor small_linear(const torch::Tensor& x_in, const torch::Tensor& w_in,
     const int64_t r0 = lo * rows, r1 = std::min(m, hi * rows);
     if (stream) rows_stream(xp, n, wp, k, m, yp, bp, r0, r1);
     else if (wide) rows_range<kGemmR, kGemmT, true>(xp, n, wp, k, m, yp, bp, r0, r1);
-    else rows_range<kTileR, kTileT, true>(xp, n, wp, k, m, yp, bp, r0, r1);
+    else if (prefetch) rows_range<kTileR, kTileT, true>(xp, n, wp, k, m, yp, bp, r0, r1);
+    else rows_range<kTileR, kTileT, false>(xp, n, wp, k, m, yp, bp, r0, r1);  // tile 的 1 行：R 条顺序读，硬件预取跟得上
   });
   // --8<-- [end:parallel]
   return o.y;
 }
+
+void set_plan(const std::vector<int64_t>& table) {
+  TORCH_CHECK(int64_t(table.size()) == kMaxRows, "set_plan: need one variant for each of 1..", kMaxRows,
+              " rows, got ", table.size());
+  for (int n = 1; n <= kMaxRows; ++n) {
+    const int64_t v = table[n - 1];
+    TORCH_CHECK(v >= 0 && v < kVariants && n <= kVariantRows[v], "set_plan: variant ", v, " does not take ", n,
+                " rows");
+  }
+  for (int n = 1; n <= kMaxRows; ++n) plan[n] = int(table[n - 1]);
+}
+
+std::vector<int64_t> get_plan() { return std::vector<int64_t>(plan + 1, plan + kMaxRows + 1); }
 
 torch::Tensor gemm(const torch::Tensor& x_in, const torch::Tensor& w_in, const c10::optional<torch::Tensor>& b_in) {
   RECORD_FUNCTION("minisgl::gemm", std::vector<c10::IValue>());
@@ -238,7 +262,7 @@ torch::Tensor gemm(const torch::Tensor& x_in, const torch::Tensor& w_in, const c
 // 别的形状（比如三维）交给 at::linear
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& w, const c10::optional<torch::Tensor>& b) {
   if (x.dim() != 2) return at::linear(x, w, b);
-  return x.size(0) <= kMaxRows ? small_linear(x, w, b) : gemm(x, w, b);
+  return x.size(0) <= kMaxRows ? small_linear(x, w, b, -1) : gemm(x, w, b);
 }
 // --8<-- [end:linear]
 

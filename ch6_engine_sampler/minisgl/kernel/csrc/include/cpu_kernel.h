@@ -5,7 +5,9 @@
 #include <torch/extension.h>
 
 #include <cstring>
+#include <string>
 #include <tuple>
+#include <vector>
 
 #include "parallel.h"  // 每个算子的并行循环都用它的 parallel_for
 
@@ -65,7 +67,12 @@ inline float hsum(vec v) {
 using torch::Tensor;
 
 // small_linear.cpp
-Tensor small_linear(const Tensor& x, const Tensor& w, const c10::optional<Tensor>& b);
+enum Variant : int { kTile = 0, kRow = 1, kVariants = 2 };  // 1~8 行的几种读法（small_linear.cpp 里 variants 那段）
+constexpr const char* kVariantNames[kVariants] = {"tile", "row"};
+constexpr int64_t kVariantRows[kVariants] = {kMaxRows, kRowT};  // 各读法最多管几行
+Tensor small_linear(const Tensor& x, const Tensor& w, const c10::optional<Tensor>& b, int64_t variant);
+void set_plan(const std::vector<int64_t>& table);
+std::vector<int64_t> get_plan();
 Tensor gemm(const Tensor& x, const Tensor& w, const c10::optional<Tensor>& b);
 Tensor linear(const Tensor& x, const Tensor& w, const c10::optional<Tensor>& b);
 
