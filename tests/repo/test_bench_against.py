@@ -74,6 +74,13 @@ def test_the_snippet_is_what_against_writes_and_its_ratios_follow_from_its_times
     assert all(f"- {lbl}：" in text for lbl in labels), "每一份都写了它选的读法和权重在哪种页上"
 
 
+def test_a_forced_variant_with_the_same_table_is_named_as_the_a_a_row():
+    base, same, other = (fake("本仓库", [0.1], [0.1]), fake("强制 tile", [0.1], [0.1]), fake("强制 row", [0.1], [0.1]))
+    base.table, same.table, other.table = [0] * 8, [0] * 8, [1] * 4 + [0] * 4
+    text = against.table([base, same, other], 1, 1)
+    assert "强制 tile和本仓库是同一份代码、同一张表：这一行是 A/A" in text and "强制 row和" not in text
+
+
 def test_the_appendix_includes_the_snippet():
     assert '--8<-- "docs/snippets/bench_against.md"' in (ROOT / "docs" / "appendix-cpu-matmul.md").read_text()
     assert Path(against.SNIPPET).parent == ROOT / "docs" / "snippets"

@@ -5,7 +5,7 @@
     .venv/bin/python -m tools.bench --random-qwen3-0.6b --variants          # 再加每种读法各强制一份
 
 每份 Engine 在自己的子进程里（两份 minisgl 不能在一个进程里），编自己的核、用同样的线程数；主进程按轮次叫它们轮流跑，
-一轮里的顺序正反交替，后一半轮次换一批新起的子进程（权重落在哪块内存、拿没拿到大页，是进程起来时定的）。共用的机器上带宽会一阵快一阵慢，各自最快的一轮可能来自不同时段：只有同一轮里紧挨着量的比值才算数。
+一轮里的顺序正反交替，每一轮都换一批新起的子进程（权重落在哪块内存、拿没拿到大页，是进程起来时定的）。共用的机器上带宽会一阵快一阵慢，各自最快的一轮可能来自不同时段：只有同一轮里紧挨着量的比值才算数。
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 from tools.manifest import ROOT, find_checkpoint
 
 SNIPPET = ROOT / "docs" / "snippets" / "bench_against.md"
-COMMAND = ".venv/bin/python -m tools.bench --random-qwen3-0.6b --against d06c9e5 --variants"
+COMMAND = ".venv/bin/python -m tools.bench --random-qwen3-0.6b --against d06c9e5 --variants --repeat 9"
 BATCHES = (1, 4)
 
 
@@ -35,6 +35,7 @@ class Contender:
     proc: subprocess.Popen | None = None
     plan: str = ""  # 它的核选的读法（worker 载入后报回来）
     pages: str = ""  # 它的权重有多少在 2 MB 大页上（内存碎时内核给 4 KB 页，decode 会慢一截）
+    table: list[int] | None = None  # 它的核 1~8 行各用哪种读法（ext.get_plan()）；旧的核没有这张表
     steps: dict[int, list[float]] = field(default_factory=lambda: {bs: [] for bs in BATCHES})
 
     def start(self, model: str, steps: int) -> None:
@@ -42,7 +43,7 @@ class Contender:
         self.proc = subprocess.Popen([sys.executable, "-m", "tools.bench.against", str(self.folder), model, str(steps)],
                                      cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         ready = self._answer()
-        self.plan, self.pages = ready["plan"], ready["pages"]
+        self.plan, self.pages, self.table = ready["plan"], ready["pages"], ready.get("table")
 
     def step(self, bs: int) -> float:
         self.proc.stdin.write(f"{bs}\n")
@@ -91,23 +92,22 @@ def run(model: str, against: str | None, variants: bool, rounds: int, steps: int
     field_ = [this] + [Contender(f"本仓库，强制 {v}", this.folder, {"MINISGL_KERNEL_VARIANT": v}) for v in names]
     if against:
         field_.append(resolve(against, scratch))
-    # 每份的权重落在哪块物理内存、拿没拿到大页，进程起来时就定了，之后每轮都一样：前一半轮次和后一半轮次
-    # 各起一批新的子进程（起的顺序也反过来），这种差别才不会整场都偏向同一份
-    halves = [range(rounds // 2), range(rounds // 2, rounds)] if rounds > 1 else [range(rounds)]
+    # 每份的权重落在哪块物理内存，是进程起来时定的，之后每轮都一样；有的虚拟机上这一项能差出一两倍（宿主机的
+    # 内存分在几个 NUMA 节点上时）。所以每一轮都起一批新的子进程（起的顺序也轮换），这种差别落在哪一份头上是随机的，
+    # 取中位数时不会整场都偏向同一份
     try:
-        for h, part in enumerate(halves):
-            for c in (field_ if h == 0 else field_[::-1]):
-                print(f"载入 {c.label}（{c.folder}）…", flush=True)
+        for r in range(rounds):
+            order = field_[r % len(field_):] + field_[:r % len(field_)]
+            for c in order:
+                print(f"第 {r + 1}/{rounds} 轮：载入 {c.label}（{c.folder}）…", flush=True)
                 c.start(model, steps)
-            for r in part:
-                for c in (field_ if r % 2 == 0 else field_[::-1]):  # 一轮正、一轮反：谁先谁后不偏向一方
-                    for bs in BATCHES:
-                        c.step(bs)
-                print(f"第 {r + 1}/{rounds} 轮：" + "；".join(
-                    f"{c.label} {c.steps[1][-1] * 1e3:.1f} / {c.steps[4][-1] * 1e3:.1f} ms" for c in field_),
-                    flush=True)
+            for c in (order if r % 2 == 0 else order[::-1]):  # 一轮正、一轮反：谁先谁后不偏向一方
+                for bs in BATCHES:
+                    c.step(bs)
             for c in field_:
                 c.stop()
+            print(f"第 {r + 1}/{rounds} 轮：" + "；".join(
+                f"{c.label} {c.steps[1][-1] * 1e3:.1f} / {c.steps[4][-1] * 1e3:.1f} ms" for c in field_), flush=True)
     finally:
         for c in field_:
             c.stop()
@@ -131,9 +131,13 @@ def table(field_: list[Contender], rounds: int, steps: int) -> str:
         cells += ["—" if c is base else f"{statistics.median(rs):.2f}" for rs in same]
         lines.append(f"| {c.label} | " + " | ".join(cells) + " |")
     lines += ["", f"{rounds} 轮，每轮各份依次量 bs=1、bs=4（decode {steps} 步的平均），顺序一轮正一轮反；"
-              "前一半和后一半轮次各起一批新的子进程。",
+              "每轮都起一批新的子进程（权重落在哪块内存是进程起来时定的）。",
               "各份的核选的读法、权重在哪种页上（没在大页上的那份慢，不一定是代码的事）：", ""]
     lines += [f"- {c.label}：{c.plan}；{c.pages}" for c in field_]
+    same = [c.label for c in field_[1:] if c.folder == base.folder and c.table is not None and c.table == base.table]
+    if same:  # 同一份代码、同一张表：这一行是 A/A，它离 1 多远，就是这台机器上两个进程之间的差别有多大
+        lines += ["", f"{'、'.join(same)}和{base.label}是同一份代码、同一张表：这一行是 A/A，"
+                  "它的比值离 1 多远，就是这台机器上两个进程之间本来就有的差别，比它小的差别不算数。"]
     return "\n".join(lines) + "\n"
 
 
@@ -154,8 +158,9 @@ def worker(folder: str, model: str, steps: int) -> None:
         plan = getattr(kernel, "chosen_plan", lambda: None)()
         time_engine(engine, tok, PROMPTS, 3)  # 预热
     pages = huge_page_line(list(engine.model.state_dict().values()))
-    print(json.dumps({"plan": plan.line() if plan else "（这份核不按实测选读法）", "pages": pages}, ensure_ascii=False),
-          flush=True)
+    ext = kernel.extension() if plan else None
+    print(json.dumps({"plan": plan.line() if plan else "（这份核不按实测选读法）", "pages": pages,
+                      "table": ext.get_plan() if ext is not None else None}, ensure_ascii=False), flush=True)
     for line in sys.stdin:
         with contextlib.redirect_stdout(sys.stderr):
             _, step = time_engine(engine, tok, PROMPTS[:int(line)], steps + 1)
