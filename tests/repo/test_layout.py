@@ -29,7 +29,7 @@ def _imports(path: Path) -> set[str]:
 
 
 def _python_files(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.rglob("*.py") if "__pycache__" not in p.parts)
+    return sorted(p for p in folder.rglob("*.py") if "__pycache__" not in p.relative_to(folder).parts)
 
 
 def test_tools_never_import_tests():

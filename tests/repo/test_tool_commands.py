@@ -42,7 +42,7 @@ def _sources() -> list[Path]:
     files = [ROOT / "course.py", ROOT / "checkpoints.toml", ROOT / "tests" / "tasks.toml"]
     for folder in [ROOT / "tools", ROOT / "tests", *sorted(ROOT.glob("ch[0-9]_*")), *sorted(ROOT.glob("step0_*"))]:
         files += sorted(p for p in folder.rglob("*") if p.suffix in (".py", ".md", ".toml") and p.is_file()
-                        and "__pycache__" not in p.parts and "fixtures" not in p.parts)
+                        and not {"__pycache__", "fixtures"} & set(p.relative_to(ROOT).parts))
     return files
 
 

@@ -61,7 +61,6 @@ class Plan:
         src = {"实测": f"本机实测 {self.seconds:.1f} 秒", "缓存": "本机实测过，读自缓存"}.get(self.how, self.how)
         return f"small_linear 的读法（{src}，{self.threads} 个线程）：" + "、".join(cells) + self.busy()
 
-
     def short(self) -> str:
         """里程碑用的短的一行：连着同一种读法的行数合起来，加上领先次快的多少（最少~最多）。"""
         groups: list[list[int]] = []
@@ -126,6 +125,7 @@ def measure(ext: ModuleType, rounds: int = ROUNDS) -> dict[int, dict[str, float]
 
 
 def cores() -> int:
+    """这个进程能用的核数（和 Engine 定线程数用的同一个数）：负载不小于它就算机器正忙。"""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
@@ -155,9 +155,10 @@ def _read(path: Path, say: Callable[[str], None]) -> list[dict]:
         return []
     try:
         entries = json.loads(path.read_text(encoding="utf-8"))["entries"]
-        assert isinstance(entries, list) and all(isinstance(e, dict) for e in entries)
+        if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+            raise TypeError("entries 不是一列记录")
         return entries
-    except (OSError, ValueError, KeyError, TypeError, AssertionError) as e:
+    except (OSError, ValueError, KeyError, TypeError) as e:
         say(f"{path} 坏了（{type(e).__name__}），重新量")
         return []
 
