@@ -10,6 +10,7 @@ MINISGL_KERNEL_VARIANT=tile（或 row）不量，强制用这一种（它管不�
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import statistics
@@ -44,33 +45,31 @@ class Plan:
             return ""
         return f"；量的时候机器正忙（1 分钟平均负载 {self.load:.1f}，{cores()} 核），闲下来后下一次载入会重新量"
 
+    def _runs(self, key) -> list[tuple[str, int, int]]:
+        """连着的、key 相同的行数合成一段：(读法, 第一行, 最后一行)。"""
+        runs = []
+        for _, group in itertools.groupby(self.table.items(), key=lambda item: key(*item)):
+            rows = [n for n, _ in group]
+            runs.append((self.table[rows[0]], rows[0], rows[-1]))
+        return runs
+
     def line(self) -> str:
         """一行：每个行数用哪种、比次快的那种快多少（载入时、tools.bench 和 demo 打印它）。"""
-        cells, run = [], []  # 没得选的行数连着写：5~8 行 tile
-        for n, v in [*self.table.items(), (0, "")]:
-            if run and (n in self.margins or v != self.table[run[0]] or n == 0):
+        cells = []  # 有得选的行数各写一格；没得选的连着写：5~8 行 tile
+        for v, lo, hi in self._runs(lambda n, v: (v, n if n in self.margins else 0)):
+            if lo in self.margins:
+                other, m = self.margins[lo]
+                cells.append(f"{lo} 行 {v}" + (f"（比 {other} 快 {m:.0%}）" if m >= 0.005 else f"（和 {other} 打平）"))
+            else:
                 only = "（只有这一种）" if self.how in ("实测", "缓存") else ""
-                cells.append(f"{run[0]}~{run[-1]} 行 {self.table[run[0]]}{only}" if len(run) > 1
-                             else f"{run[0]} 行 {self.table[run[0]]}{only}")
-                run = []
-            if n in self.margins:
-                other, m = self.margins[n]
-                cells.append(f"{n} 行 {v}" + (f"（比 {other} 快 {m:.0%}）" if m >= 0.005 else f"（和 {other} 打平）"))
-            elif n:
-                run.append(n)
+                cells.append(f"{lo}~{hi} 行 {v}{only}" if hi > lo else f"{lo} 行 {v}{only}")
         src = {"实测": f"本机实测 {self.seconds:.1f} 秒", "缓存": "本机实测过，读自缓存"}.get(self.how, self.how)
         return f"small_linear 的读法（{src}，{self.threads} 个线程）：" + "、".join(cells) + self.busy()
 
     def short(self) -> str:
         """里程碑用的短的一行：连着同一种读法的行数合起来，加上领先次快的多少（最少~最多）。"""
-        groups: list[list[int]] = []
-        for n in self.table:
-            if groups and self.table[groups[-1][-1]] == self.table[n]:
-                groups[-1].append(n)
-            else:
-                groups.append([n])
-        parts = "、".join(f"{g[0]}~{g[-1]} 行 {self.table[g[0]]}" if len(g) > 1 else f"{g[0]} 行 {self.table[g[0]]}"
-                          for g in groups)
+        runs = self._runs(lambda n, v: v)
+        parts = "、".join(f"{lo}~{hi} 行 {v}" if hi > lo else f"{lo} 行 {v}" for v, lo, hi in runs)
         lead = sorted(m for _, m in self.margins.values() if m >= 0.005)
         ties = len(self.margins) - len(lead)  # 差不到 TIE：取的是靠前的那种，不是更快的那种
         ahead = (f"，领先次快的 {lead[0]:.0%}" + (f"~{lead[-1]:.0%}" if len(lead) > 1 else "")) if lead else ""
