@@ -19,6 +19,8 @@ python course.py test --no-real 只跑小模型一档。
 python course.py test --arch aarch64 [chN …] 在 qemu 模拟的 arm64 Debian 里跑小模型一档（要 root；tools/arch/qemu.py），
 不点名时跑第 6 章（C++ 核只在这一章）。那个根文件系统（约 5 GB）缓存在仓库外面（~/.cache/minisgl-course/），
 跑完会说在哪；python course.py test --arch aarch64 --clean 删掉它。
+python course.py test ch6 --emulate-cuda（ch5 同理）在模拟的 CUDA 上跑这一章的测试：一台 GPU 机器上的整套测试会做什么，
+除去速度和工具链（tests/harness/cuda_emu）。
 python3 course.py test ch6 --no-real --system-python 用运行它的 Python（GPU 机器上已经装好的 torch），
 不建 .venv、不装依赖。
 """
@@ -86,7 +88,8 @@ def device_line() -> str:
     import torch
 
     if not torch.cuda.is_available():
-        return f"设备：CPU（torch {torch.__version__}，没有 CUDA：只在 CUDA 上才有意义的测试跳过并写明理由）"
+        return (f"设备：CPU（torch {torch.__version__}，没有 CUDA：用 gpu 夹具的测试，比如第 6 章的 CUDA 图，"
+                "在模拟的 CUDA 上跑；只在真 CUDA 上才有意义的测试跳过并写明理由）")
     n = torch.cuda.device_count()
     return (f"设备：CUDA，{n} 块 {torch.cuda.get_device_name(0)}（torch {torch.__version__}）：引擎在 cuda:0 上跑，"
             f"参照输出在 CPU 上算；--tp N 的测试卡不够时各 rank 在 CPU 上（--device cpu）；C++ 核的测试用 CPU 上的张量")
@@ -118,12 +121,18 @@ def demo(extra: list[str]) -> int:
         if choice.why_tiny:
             print(f"{choice.why_tiny}\n演示改用离线的随机权重小模型。", file=sys.stderr, flush=True)
         extra = ["--model", str(choice.path), *extra]
+    from tools.bench.machine import call_noting_load
+
     if dest is not None:
-        return subprocess.call([sys.executable, "-m", "tools.workbench.own_demo", str(dest), *extra], cwd=ROOT)
-    checkpoint = ROOT / "ch6_engine_sampler"
-    env = dict(os.environ, PYTHONPATH=str(checkpoint))
-    return subprocess.call([sys.executable, str(checkpoint / "examples" / "stage1_milestone.py"), *extra], cwd=ROOT,
-                           env=env)
+        cmd, env = [sys.executable, "-m", "tools.workbench.own_demo", str(dest), *extra], None
+    else:
+        checkpoint = ROOT / "ch6_engine_sampler"
+        cmd = [sys.executable, str(checkpoint / "examples" / "stage1_milestone.py"), *extra]
+        env = dict(os.environ, PYTHONPATH=str(checkpoint))
+    rc, busy = call_noting_load(lambda: subprocess.call(cmd, cwd=ROOT, env=env))
+    if busy and rc == 0:  # 时间是在忙的机器上量的：说一声，别拿它当这台机器的速度（失败时最后一行留给错误）
+        print(busy, file=sys.stderr, flush=True)
+    return rc
 
 
 def progress(extra: list[str]) -> int:
@@ -152,6 +161,8 @@ def test(extra: list[str]) -> int:
     print(device_line(), flush=True)
     if "--no-real" in extra:
         extra = [a for a in extra if a != "--no-real"]
+    elif "--emulate-cuda" in extra and "--real" not in extra:  # 真权重一档走的是同一份引擎代码，模拟时默认不重跑
+        print("真权重一档：--emulate-cuda 默认不跑（它和小模型一档走同一份引擎代码；要跑加 --real）", flush=True)
     elif "--real" not in extra:
         extra = [*extra, "--real"]
     return subprocess.call([sys.executable, "-m", "tools.run_tests", *extra], cwd=ROOT)
@@ -176,8 +187,12 @@ def main() -> int:
     if cmd == "progress":
         return progress(extra)
     if cmd == "check":  # 读者的目录：tools.run_tests 的 --as 模式，摘要是按任务的进度表
+        from tools.manifest import by_name
+
         if extra and Path(extra[0]).is_dir():
             extra[0] = str(Path(extra[0]).resolve())  # tools.run_tests 在仓库根目录下跑
+        if extra and (Path(extra[0]).is_dir() or by_name(extra[0])):  # 用错了的命令只打一行错误
+            print(device_line(), flush=True)
         return subprocess.call([sys.executable, "-m", "tools.run_tests", *extra, "--no-docs", "--real-if-present"],
                                cwd=ROOT)
     return test(extra)

@@ -93,10 +93,8 @@ def main() -> None:
     cfg.update(json.load(open(os.path.join(args.model, "config.json"))))
     if cfg.get("model_type") != "qwen3":
         ap.error(f"第 0 步只支持 Qwen3，{args.model}/config.json 的 model_type 是 {cfg.get('model_type')!r}")
-    rope_params = cfg.get("rope_parameters") or {}  # transformers 5 的新形式；hub 上的老形式在顶层
-    cfg["theta"] = cfg.get("rope_theta") or rope_params["rope_theta"]
-    cfg.setdefault("head_dim", None)
-    cfg["head_dim"] = cfg["head_dim"] or cfg["hidden_size"] // cfg["num_attention_heads"]
+    cfg["theta"] = cfg.get("rope_theta") or cfg["rope_parameters"]["rope_theta"]  # 老形式在顶层，新形式在字典里
+    cfg["head_dim"] = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     for f in files:
         with safe_open(f, framework="pt") as sf:
             W.update({k: sf.get_tensor(k).float() for k in sf.keys()})

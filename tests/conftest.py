@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 from tools.manifest import Checkpoint, find_checkpoint  # noqa: E402
 
 _SELECTED: Checkpoint | None = None
+EMULATE = "MINISGL_EMULATE_CUDA"  # 设成 1：整个测试进程看得到模拟的 cuda:0（python course.py test ch6 --emulate-cuda）
 
 
 def pytest_addoption(parser):
@@ -36,6 +37,12 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     global _SELECTED
+    if os.environ.get(EMULATE) == "1":  # 整个进程（连同子进程）看得到模拟的 cuda:0，像 GPU 机器上那样
+        from tests.harness.cuda_emu.whole import start  # 开着才 import：它要 import torch
+
+        problem = start()
+        if problem is not None:
+            raise pytest.UsageError(f"MINISGL_EMULATE_CUDA=1，但模拟的 CUDA 用不了：{problem}")
     spec = config.getoption("--checkpoint")
     if spec:
         _SELECTED = find_checkpoint(spec, config.getoption("as_chapter"))
@@ -58,7 +65,8 @@ def pytest_report_header(config):
     if _SELECTED is None:
         return "仓库级测试（用 --checkpoint 选一个检查点）"
     real = "开" if config.getoption("--real") else "关（--real 打开）"
-    return f"检查点 {_SELECTED.name}（第 {_SELECTED.chapter} 章）：{_SELECTED.path}；真权重一档：{real}"
+    emu = "；整个进程在模拟的 CUDA 上（MINISGL_EMULATE_CUDA=1）" if os.environ.get(EMULATE) == "1" else ""
+    return f"检查点 {_SELECTED.name}（第 {_SELECTED.chapter} 章）：{_SELECTED.path}；真权重一档：{real}{emu}"
 
 
 def _chapter_of(path: Path) -> int | None:

@@ -17,19 +17,18 @@ python course.py progress 读它。
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
-import subprocess
 import sys
-import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
+from concurrent.futures import ThreadPoolExecutor, as_completed
 
+from tools.manifest import find_checkpoint, given_test_patterns, load_manifest
+from tools.suite.parts import Part, choose_jobs, load_record, save_record, threads_per_job
+from tools.suite.procs import STOPPED, capped, run_part, stop
+from tools.suite.profile import save_last_run
+from tools.suite.real import prepare_real, real_present, real_tier
 from tools.workbench.course_record import write_check
-from tools.manifest import ROOT, find_checkpoint, given_test_patterns, load_manifest, load_tasks
-from tools.models.find import find_model, unsupported_reason
 from tools.workbench.task_table import progress_table
 
 SITE_TEST = "tests/repo/test_site.py"
@@ -39,60 +38,13 @@ SKIP = re.compile(r"^SKIPPED \[(\d+)\] [^:]+:\d+: (.*)$", re.M)  # pytest -rs �
 # 再一次真模型生成），比给定代码、回归这些短测试先拿到 CPU，最后才不会只剩它独自跑、另一个核闲着
 NICE = {"真权重一档": 5}
 NICE_REST = 10
-_STARTED: dict[str, subprocess.Popen] = {}  # 名字 -> 这一份的 pytest 进程（停掉真权重一档时用）
-_STOPPED: set[str] = set()
 DETAILS_CAP = 20000  # 失败细节一共最多打印这么多字符：开头（最先失败的测试）加结尾（pytest 的简短汇总）
-
-
-def _job(name: str, cmd: list[str], env: dict, nice: int = 0) -> tuple[str, int, str, float, dict]:
-    """跑一份 pytest；nice > 0 时调低它（和它起的子进程）的优先级：只在有空闲的核时才轮到它。"""
-    t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory() as d:
-        progress = Path(d) / "progress.json"
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env=dict(env, MINISGL_PROGRESS=str(progress)))
-        _STARTED[name] = proc
-        if nice and hasattr(os, "setpriority"):
-            os.setpriority(os.PRIO_PROCESS, proc.pid, nice)
-        out, err = proc.communicate()
-        results = json.loads(progress.read_text(encoding="utf-8")) if progress.exists() else {}
-    return name, proc.returncode, out + err, time.perf_counter() - t0, results
-
-
-def _stop(name: str) -> None:
-    """停掉还在跑的一份：它的 pytest 进程和它起的全部子孙进程（Linux 上读 /proc 找），不留进程。"""
-    proc = _STARTED.get(name)
-    if proc is None or proc.poll() is not None:
-        return
-    _STOPPED.add(name)
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            children.setdefault(int(stat.read_text().rsplit(")", 1)[1].split()[1]), []).append(int(stat.parent.name))
-        except (OSError, ValueError, IndexError):
-            continue
-    todo, tree = [proc.pid], []
-    while todo:
-        tree.append(todo.pop())
-        todo += children.get(tree[-1], [])
-    for pid in tree:
-        try:
-            os.kill(pid, 9)
-        except OSError:
-            pass
-
-
-def capped(out: str, cap: int) -> str:
-    """保留开头（最先失败的测试）和结尾（short test summary），中间省略。"""
-    if len(out) <= cap:
-        return out
-    tail = min(3000, cap // 4)
-    return f"{out[:cap - tail]}\n\n…… 省略 {len(out) - cap} 个字符 ……\n\n{out[-tail:]}"
 
 
 def build_parser() -> argparse.ArgumentParser:
     """命令行；tests/repo/test_docs.py 用它核对书里写的每条 run_tests.py 命令都真的能解析。"""
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python course.py check|test（即 python -m tools.run_tests）",
+                                 description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("checkpoint", nargs="?", help="只测这一个检查点（名字、chN 或目录）")
     ap.add_argument("--as", dest="as_chapter")
     ap.add_argument("--real", action="store_true", help="另跑真权重一档")
@@ -102,7 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--task", type=int, help="只跑这一章的任务 K（和 checkpoint 一起用）；真权重一档只在加了 --real "
                     "且任务 K 含它时跑")
     ap.add_argument("--own", action="store_true", help="只跑这一章自己的任务：不跑回归、真权重一档、给定代码的测试")
-    ap.add_argument("-j", "--jobs", type=int, default=max(1, min(2, os.cpu_count() or 1)))
+    ap.add_argument("--emulate-cuda", action="store_true",
+                    help="第 5、6 章：整个测试进程看得见模拟的 CUDA（一台 GPU 机器上的整套测试会做什么）")
+    ap.add_argument("-j", "--jobs", type=int, help="同时跑几份（默认按能用的核和空闲内存定，见 tools/suite/parts.py）")
     return ap
 
 
@@ -115,41 +69,45 @@ def main() -> int:
     pytest = [sys.executable, "-m", "pytest", "tests", "-q", "-p", "no:cacheprovider", "-p", "tests.harness.progress",
               "--tb=short", "-rs", *extra]
     env = dict(os.environ)
-    if args.jobs > 1:
-        env.setdefault("OMP_NUM_THREADS", "1")  # 几个进程并行时各用一个线程，别互相抢核
+    if args.emulate_cuda:  # tests/conftest.py 读它：整个进程看得见（模拟的）CUDA，见测试页"模拟的 CUDA"
+        if not args.checkpoint or find_checkpoint(args.checkpoint, args.as_chapter).chapter < 5:
+            print("错误：--emulate-cuda 只用于第 5、6 章（有注意力后端和 Engine 的检查点）：python course.py test ch6 "
+                  "--emulate-cuda", flush=True)
+            return 2
+        env["MINISGL_EMULATE_CUDA"] = "1"
     if args.checkpoint:
         return _one_checkpoint(args, pytest, env)
     if args.real_if_present and not args.real:
-        args.real = _real_present()
+        args.real = real_present()
     if args.real:
-        _prepare_real()
+        prepare_real()
         pytest.append("--real")
+    record = load_record()
+    # 长的先起（上次量到的 CPU 秒；没量过时仓库级最长，其次按清单倒序：第 6 章最长），最后不会只剩一份独自跑
     jobs = [("仓库级", pytest + ["--ignore", SITE_TEST], {})]
-    jobs += [(c.name, pytest + ["--checkpoint", c.name], {}) for c in load_manifest()]
+    jobs += [(c.name, pytest + ["--checkpoint", c.name], {}) for c in reversed(load_manifest())]
     if not args.no_docs:  # mkdocs build --strict，再在无头浏览器里打开（tests/repo/test_site.py）
-        jobs.append(("文档", [sys.executable, "-m", "pytest", SITE_TEST, "-q", "-p", "no:cacheprovider", "-rs"], {}))
+        jobs.insert(2, ("文档", [sys.executable, "-m", "pytest", SITE_TEST, "-q", "-p", "no:cacheprovider", "-rs"], {}))
+    jobs.sort(key=lambda job: -record.get(job[0], Part()).cpu_s)
+    n_jobs, why = (args.jobs, f"同时跑 {args.jobs} 份（-j {args.jobs}）") if args.jobs else \
+        choose_jobs([name for name, _, _ in jobs])
+    env.setdefault("OMP_NUM_THREADS", str(threads_per_job(n_jobs)))
+    print(f"{why}；每份 {env['OMP_NUM_THREADS']} 个线程", flush=True)
+    # 最长的几份（仓库级、第 6 章，或者上次量到占全部 CPU 秒五分之一以上的）再用 pytest-xdist 分给 n_jobs 个进程；
+    # --dist loadfile：同一个文件的测试在同一个进程里，文件里共用的 Engine、模块级的夹具只建一次
+    total = sum(p.cpu_s for p in record.values())
+    split = {"仓库级", load_manifest()[-1].name} | {n for n, p in record.items() if total and p.cpu_s >= total / 5}
+    if n_jobs > 1:
+        jobs = [(name, cmd + (["-n", str(n_jobs), "--dist", "loadfile"] if name in split else []), extra)
+                for name, cmd, extra in jobs]
     tally: dict = {}
+    results: dict[str, dict] = {}
     t0 = time.perf_counter()
-    passed, failed, details = _run(jobs, env, args.jobs, tally=tally)
-    return _finish(passed, failed, details, tally.get("skipped", 0), _wall(t0, jobs, args.jobs))
-
-
-def _real_present() -> bool:
-    """course.py check（--real-if-present）：有真模型就带上真权重一档，没有就说一声。"""
-    real = find_model()
-    if real is None:
-        print("真权重一档：跳过（models/ 下没有真模型；python -m tools.models.make_smollm2 做一个）", flush=True)
-    return real is not None
-
-
-def _prepare_real() -> None:
-    """还没有真模型就先做 SmolLM2（只做一次，免得几个进程同时做）；做不出来时测试随后失败并说明。"""
-    from tools.models.make_smollm2 import ModelUnavailable
-
-    try:
-        find_model(make=True)
-    except ModelUnavailable as e:
-        print(f"真权重一档没有模型：\n{e}", flush=True)
+    passed, failed, details = _run(jobs, env, n_jobs, lambda name, res: results.update({name: res}), tally=tally,
+                                   record=True)
+    wall = _wall(t0, jobs, n_jobs)
+    save_last_run(wall[0], n_jobs, env["OMP_NUM_THREADS"], tally["parts"], results)  # 测试页的用量表读它
+    return _finish(passed, failed, details, tally.get("skipped", 0), wall)
 
 
 def _one_checkpoint(args, pytest: list[str], env: dict) -> int:
@@ -158,6 +116,9 @@ def _one_checkpoint(args, pytest: list[str], env: dict) -> int:
     --own 只跑本章的任务；--task K 只跑本章任务 K（真权重一档
     只在 --real 且任务 K 含它时）。"""
     ck = find_checkpoint(args.checkpoint, args.as_chapter)
+    book = next(c.name for c in load_manifest() if c.chapter == ck.chapter)
+    what = f"按第 {ck.chapter} 章的要求" + ("" if ck.path.name == book else f"（书里这一章的参考是 {book}）")
+    print(f"测 {ck.path.name}：{what}", flush=True)
     base = pytest + ["--checkpoint", args.checkpoint] + (["--as", args.as_chapter] if args.as_chapter else [])
     sel = dict(MINISGL_CHAPTER=str(ck.chapter), **({"MINISGL_TASK": str(args.task)} if args.task else {}))
     jobs = [("本章的任务", base, dict(sel, MINISGL_SELECT="own"))]
@@ -170,32 +131,51 @@ def _one_checkpoint(args, pytest: list[str], env: dict) -> int:
         rest.pop("regress")
     if rest:
         jobs.append(("和".join(rest.values()), base, dict(sel, MINISGL_SELECT=",".join(rest))))
-    if _real_tier(args, ck):
-        _prepare_real()
+    if real_tier(args, ck):
+        prepare_real()
         jobs.append(("真权重一档", base + ["--real"], dict(sel, MINISGL_SELECT="real")))
     merged: dict = {}
 
     def collect(name, results):
         bad = not results or any(r["outcome"] in ("failed", "error") for r in results.values())
         if name == "本章的任务" and bad and not args.task:  # 本章的任务没全过：真模型上再跑一遍说不出新东西
-            _stop("真权重一档")
+            stop("真权重一档")
         merged.update(results)
 
     # 几份同时起，第一份（本章的任务）优先，其余的调低优先级：它们只用第一份空出来的 CPU，
     # 最后也不会剩一个进程独自跑、另一个核闲着。-j 1 时一份接一份
-    n_jobs = len(jobs) if args.jobs > 1 else 1
+    n_jobs = len(jobs) if (args.jobs or choose_jobs([name for name, _, _ in jobs])[0]) > 1 else 1
+    env.setdefault("OMP_NUM_THREADS", str(threads_per_job(n_jobs)))
     tally: dict = {}
     t0 = time.perf_counter()
-    passed, failed, details = _run(jobs, env, n_jobs, collect, empty_ok=True, nice_rest=args.jobs > 1, tally=tally)
+    passed, failed, details = _run(jobs, env, n_jobs, collect, empty_ok=True, nice_rest=n_jobs > 1, tally=tally)
     # 表只打一次，在全部跑完之后：真权重一档的测试归在某个任务下，早打的表会和这张对不上
     table, _ = progress_table(merged, ck.chapter, only_task=args.task)
     only = f"，只跑任务 {args.task}" if args.task else "，只跑本章的任务" if args.own else ""
-    ran = f"；跑了：{'、'.join(name for name, _, _ in jobs if name not in _STOPPED)}" if len(jobs) > 1 else ""
+    ran = f"；跑了：{'、'.join(name for name, _, _ in jobs if name not in STOPPED)}" if len(jobs) > 1 else ""
     print(f"\n{ck.path.name}（按第 {ck.chapter} 章的任务{only}{ran}）：\n{table}\n", flush=True)
     if ck.path.resolve() not in {c.path.resolve() for c in load_manifest()}:  # 读者的目录：记下来给 progress 看
         selection = f"task {args.task}" if args.task else "own" if args.own else "all"
         write_check(ck.path, ck.chapter, merged, selection)
-    return _finish(passed, failed, details, tally.get("skipped", 0), _wall(t0, jobs, n_jobs))
+        learner = True
+    else:
+        learner = False
+    code = _finish(passed, failed, details, tally.get("skipped", 0), _wall(t0, jobs, n_jobs))
+    if learner and code == 0:
+        print(next_step(ck, whole), flush=True)
+    return code
+
+
+def next_step(ck, whole: bool) -> str:
+    """读者的目录全过之后的下一条命令：--task / --own 之后是整章的 check；整章过了是下一章的 start，第 6 章是演示。"""
+    from tools.workbench.course_start import shown
+
+    where = shown(ck.path)
+    if not whole:
+        return f"下一步（整章，加上回归、给定代码的测试）：python course.py check {where} --as ch{ck.chapter}"
+    if ck.chapter >= max(c.chapter for c in load_manifest()):
+        return f"下一步：在你的引擎上跑阶段一的里程碑：python course.py demo {where}"
+    return f"下一步：python course.py start ch{ck.chapter + 1} --from {where}"
 
 
 def _wall(t0: float, jobs: list, n_jobs: int) -> tuple[float, bool]:
@@ -203,47 +183,21 @@ def _wall(t0: float, jobs: list, n_jobs: int) -> tuple[float, bool]:
     return time.perf_counter() - t0, n_jobs > 1 and len(jobs) > 1
 
 
-def _real_tier(args, ck) -> bool:
-    """这次跑不跑真权重一档，并说出为什么不跑（不起一个只为跳过的进程）。--own 不跑；--task K 只在明说了
-    --real、而且任务 K 含它（tests/tasks.toml）时跑：--task 是要快的反馈。"""
-    if not (args.real or args.real_if_present):
-        return False
-    if args.own:
-        print("真权重一档：--own 只跑本章的任务，没有跑", flush=True)
-        return False
-    if args.task:
-        task = next((t for t in load_tasks().get(ck.chapter, []) if t.number == args.task), None)
-        if task is None or not any(p.startswith("tests/real/") for p in task.tests):
-            print(f"真权重一档：任务 {args.task} 不含它（tests/tasks.toml），没有跑", flush=True)
-            return False
-        if not args.real:
-            print(f"真权重一档：任务 {args.task} 含它，--task 只要快的反馈，这次没跑（加 --real 才跑）", flush=True)
-            return False
-    elif not args.real and not _real_present():
-        return False
-    real = find_model()
-    why = unsupported_reason(ck, real.path) if real is not None else None
-    if why:
-        print(f"真权重一档：这一章不跑（说明，不是问题）。真模型 {why}。这一章和 HF 逐 token 对齐的检查用离线小模型，"
-              "真模型上的检查从支持它的那一章起由 check 带上", flush=True)
-        return False
-    if real is not None:
-        why = "" if args.real else "（check 有真模型就带上这一档；只要快的反馈用 --task K 或 --own）"
-        print(f"真权重一档：用 {real.path}{why}", flush=True)
-    return True
-
-
 def _run(jobs, env: dict, n_jobs: int, on_done=None, empty_ok: bool = False, nice_rest: bool = False,
-         tally: dict | None = None):
-    """并行跑 jobs，按提交的顺序每完成一个打印一行摘要；on_done(name, results) 在打印之后调用。
-    tally 给了时把跳过的个数加进 tally["skipped"]（返回值仍是三项：tools/arch/ 也用它）。"""
+         tally: dict | None = None, record: bool = False):
+    """并行跑 jobs（第一份优先，nice_rest 时其余的调低优先级），哪一份先完成就先打印它的一行摘要；
+    on_done(name, results) 在打印之后调用。tally 给了时把跳过的个数加进 tally["skipped"]（返回值仍是三项：
+    tools/arch/ 也用它）。record 时把每份的峰值内存、CPU 秒记进 .cache/course/parts.json（下次定份数、排先后用）。"""
     passed = failed = 0
     details = []
+    used: dict[str, Part] = {}
     with ThreadPoolExecutor(n_jobs) as pool:
-        runs = pool.map(lambda i: _job(jobs[i][0], jobs[i][1], dict(env, **jobs[i][2]),
-                                       NICE.get(jobs[i][0], NICE_REST) if nice_rest and i else 0), range(len(jobs)))
-        for name, rc, out, secs, results in runs:
-            if name in _STOPPED:
+        runs = [pool.submit(run_part, name, cmd, dict(env, **extra), NICE.get(name, NICE_REST) if nice_rest and i
+                            else 0) for i, (name, cmd, extra) in enumerate(jobs)]
+        for done in as_completed(runs):
+            name, rc, out, secs, results, part = done.result()
+            used[name] = part
+            if name in STOPPED:
                 print(f"停下  {name}：本章的任务还没全过，先不跑它（全过了再 check，它才跑完）", flush=True)
                 continue
             last = out.strip().splitlines()[-1] if out.strip() else ""
@@ -256,7 +210,7 @@ def _run(jobs, env: dict, n_jobs: int, on_done=None, empty_ok: bool = False, nic
             passed, failed = passed + p, failed + f
             if tally is not None:
                 tally["skipped"] = tally.get("skipped", 0) + counts.get("skipped", 0)
-            skipped = f", {counts['skipped']} skipped" if counts.get("skipped") else ""
+            skipped = f", {counts.get('skipped', 0)} skipped"  # 0 也写：全过和"全跳过了"一眼分得开
             verdict = "通过" if f == 0 else "失败"
             print(f"{verdict}  {name}: {p} passed, {f} failed{skipped}（{secs:.0f} s）", flush=True)
             if counts.get("skipped"):  # 比如没装 chromium、第 0~2 步不支持 Llama：把理由告诉读者
@@ -268,15 +222,19 @@ def _run(jobs, env: dict, n_jobs: int, on_done=None, empty_ok: bool = False, nic
                 details.append((name, out))
             if on_done:
                 on_done(name, results)
+    if record:
+        save_record({name: part for name, part in used.items() if name not in STOPPED})
+    if tally is not None:
+        tally["parts"] = used
     return passed, failed, details
 
 
 def _finish(passed: int, failed: int, details: list, skipped: int = 0, wall: tuple[float, bool] | None = None) -> int:
-    """最后一行是 pytest 式的计数（有跳过的才写 skipped）；wall 是 _wall 的结果：几份同时跑时说明各份的秒数有重叠。"""
+    """最后一行是 pytest 式的计数（跳过的个数 0 也写）；wall 是 _wall 的结果：几份同时跑时说明各份的秒数有重叠。"""
     if wall is not None:
         overlap = "；上面几份同时跑，各自的秒数互相重叠，加起来比它长" if wall[1] else ""
         print(f"墙上时间 {wall[0]:.0f} s{overlap}")
-    counts = f"{passed} passed, {failed} failed" + (f", {skipped} skipped" if skipped else "")
+    counts = f"{passed} passed, {failed} failed, {skipped} skipped"
     print(counts)
     for name, out in details:
         print(f"\n======== {name} 的失败细节 ========")

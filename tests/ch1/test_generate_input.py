@@ -28,7 +28,8 @@ def test_missing_tokenizer_names_the_files(checkpoint, tiny_models, tmp_path):
 
 @pytest.mark.parametrize("ids", [[[1, 2], [3, 50]], [[-1, 2]], [[7, 1000, 3]]])
 def test_token_id_outside_vocab_is_refused_when_req_is_made(checkpoint, ids):
-    only_generate_of_ch1_ch2(checkpoint)
+    only_generate_of_ch1_ch2(checkpoint,
+                             "tests/ch3/test_generate_limits.py::test_token_id_outside_vocab_is_refused_in_one_line")
     gen = load_generate(checkpoint)
     fake = types.SimpleNamespace(cfg={"vocab_size": 50, "max_position_embeddings": 512})  # 没走到前向就该拒绝
     bad = next(t for p in ids for t in p if not 0 <= t < 50)

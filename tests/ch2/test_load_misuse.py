@@ -27,7 +27,7 @@ def test_config_smaller_than_weights_is_refused(checkpoint, tiny_models, tmp_pat
 
 
 def test_positions_past_the_rope_table_are_refused(checkpoint):
-    only_generate_of_ch1_ch2(checkpoint)
+    only_generate_of_ch1_ch2(checkpoint, "tests/ch3/test_generate_limits.py::test_the_position_limit_is_exact")
     gen = load_generate(checkpoint)
     gen.make_req([1, 2], 511, 0, 1024, 512)  # 用到的最后一个位置是 511：正好在表里
     with expect_error("ch2/max_position", max_position=512):

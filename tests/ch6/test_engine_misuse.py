@@ -150,8 +150,10 @@ def make_req(engine, ids, row, uid):
     return new_req(n, 0, row, uid, ids, output_len=2, sampling_params=SamplingParams())
 
 
-def fill(engine, reqs, prepare=True):
-    batch = Batch(reqs=reqs, phase="prefill")
+def fill(engine, reqs, prepare=True, phase="prefill"):
+    """phase 在 pad_batch 和 prepare_metadata 之前定好：GPU 上 decode 的 batch 重放 CUDA 图，补齐的大小和
+    decode 才有的元数据都按 phase 准备。"""
+    batch = Batch(reqs=reqs, phase=phase)
     engine.graph_runner.pad_batch(batch)
     batch.input_ids = torch.cat([r.input_ids[r.cached_len:r.device_len] for r in reqs])
     batch.positions = torch.cat([torch.arange(r.cached_len, r.device_len, dtype=torch.int32) for r in reqs])
@@ -229,13 +231,12 @@ def test_finished_req_is_not_forwarded_again(engine):
     """output_len=2：prefill 和一次 decode 之后它就生成完了；再送进来会多写一个位置的 KV、多采一个 token。"""
     req = make_req(engine, [5, 6, 7], 0, uid=4)
     for phase in ("prefill", "decode"):
-        batch = fill(engine, [req])
-        batch.phase = phase
+        batch = fill(engine, [req], phase=phase)
         out = engine.forward_batch(batch, engine.sampler.prepare(batch))
+        out.copy_done_event.synchronize()
         req.append_host(out.next_tokens_cpu[:1])
         engine.page_table[0, req.cached_len:req.device_len] = 40 + req.cached_len
-    batch = fill(engine, [req])
-    batch.phase = "decode"
+    batch = fill(engine, [req], phase="decode")
     refused(engine, batch, "ch6/batch_finished_req", uid=4)
 
 

@@ -7,6 +7,9 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
 
@@ -111,6 +114,31 @@ def test_task3_graph_sizes(tiny_models, gpu):
             assert b.padded_size == (4 if expected else 3)
     with engine_of(model, max_running_req=4, device="cpu") as e:
         assert e.graph_runner.graph_bs_list == []
+
+
+def test_task3_max_bs_off_the_ladder(tiny_models, gpu):
+    """cuda_graph_max_bs=10 不在 1, 2, 4, 8, 16, … 上：它只是上限，自己不加进去（和官方一样）。录的是 1, 2, 4, 8；
+    9 个请求的 decode 用不上图、不补，而不是补到 10。"""
+    model = tiny_models[MODEL]
+    with engine_of(model, max_running_req=20, device=gpu.device, cuda_graph_max_bs=10) as e:
+        assert e.graph_runner.graph_bs_list == [1, 2, 4, 8], "cuda_graph_max_bs 不在阶梯上时不加进录的大小"
+        assert sorted(e.graph_runner.graph_map) == [1, 2, 4, 8]
+        b = Batch(reqs=Driver(e).make_reqs(prompts(9, model), 2), phase="decode")
+        assert not e.graph_runner.can_use_cuda_graph(b)
+        e.graph_runner.pad_batch(b)
+        assert b.padded_size == 9
+
+
+def test_task3_shutdown_frees_the_graphs(tiny_models, gpu):
+    """shutdown()（经 destroy_cuda_graphs）之后，录好的图没有引用留着：图和它们的显存池都释放了。
+    TP 时这要在拆进程组之前做完，否则进程可能挂住。"""
+    model = tiny_models[MODEL]
+    with engine_of(model, device=gpu.device, cuda_graph_bs=[1, 2]) as e:
+        graphs = [weakref.ref(g) for g in e.graph_runner.graph_map.values()]
+        assert len(graphs) == 2
+    gc.collect()
+    assert not getattr(e.graph_runner, "graph_map", {}), "destroy_cuda_graphs 之后 graph_map 里不该还有图"
+    assert all(r() is None for r in graphs), f"[{gpu.kind}] shutdown 之后还有图没被释放：别处还留着它们的引用"
 
 
 def test_task3_bad_graph_sizes(tiny_models):

@@ -64,7 +64,9 @@ def test_the_kernel_threads_work_in_a_forked_child(ext, two_threads):
     q, kc, vc, slots, mask = _attention_case(bad=None)
     want_attn = ext.decode_attention(q, kc, vc, slots, mask, 0.125)
     if start_method() != "fork":
-        pytest.skip("这里的 rank 不用 fork 起（不是 Linux，或放不掉 OpenMP 的线程池）")
+        pytest.skip("有 GPU 的机器上 rank 用 spawn 起（fork 出来的进程里 CUDA 不能用）：fork 之后的线程池在这里用不上"
+                    if torch.cuda.is_available() else
+                    "这里的 rank 不用 fork 起（不是 Linux，或放不掉 OpenMP 的线程池）")
     pid = os.fork()
     if pid == 0:  # 子进程：只用 os._exit 出去，不回到 pytest
         code = 1

@@ -17,6 +17,7 @@ import re
 import pytest
 
 _RESULTS: dict[str, dict] = {}
+_SECONDS: dict[str, float] = {}  # node id -> 三个阶段的秒数之和（python -m tools.suite.profile 的最慢测试表用）
 _REASONS: dict[str, str] = {}  # node id -> 这次失败的一行原因（makereport 时从异常取）
 _STUB = re.compile(r"NotImplementedError: 第 \d+ 章 · 任务 \d+：[^\n'\"\\]*")
 
@@ -71,6 +72,7 @@ def pytest_runtest_logreport(report):
         _RESULTS[report.nodeid] = {"outcome": "skipped", "reason": str(reason)}
     elif report.when == "call" and prev is None:
         _RESULTS[report.nodeid] = {"outcome": "passed", "reason": ""}
+    _SECONDS[report.nodeid] = _SECONDS.get(report.nodeid, 0.0) + report.duration  # setup + call + teardown
 
 
 _COLLECTED: list[str] = []
@@ -129,7 +131,9 @@ def pytest_collectreport(report):
 
 def pytest_sessionfinish(session):
     path = os.environ.get("MINISGL_PROGRESS")
-    if path:
+    if path and not hasattr(session.config, "workerinput"):  # pytest-xdist 的 worker 不写：结果都转给了主进程
+        for nodeid, entry in _RESULTS.items():
+            entry["seconds"] = round(_SECONDS.get(nodeid, 0.0), 3)
         with open(path, "w", encoding="utf-8") as f:
             json.dump(_RESULTS, f, ensure_ascii=False)
         with open(path + ".collected", "w", encoding="utf-8") as f:

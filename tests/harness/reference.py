@@ -7,6 +7,7 @@ HF 这一边的结果（token 和每一步的 logits）只取决于模型目录�
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import importlib.metadata
@@ -50,15 +51,33 @@ def hf_greedy(model_dir: str | Path, prompt: str, n: int) -> tuple[list[int], to
     from safetensors.torch import load_file, save_file
 
     path = CACHE / f"{cache_key(model_dir, prompt, n)}.safetensors"
-    if path.is_file():
-        data = load_file(str(path))
-        return data["tokens"].tolist(), data["logits"]
-    tokens, logits = _run_hf(str(model_dir), prompt, n)
-    CACHE.mkdir(parents=True, exist_ok=True)
-    part = path.with_suffix(f".{os.getpid()}.part")  # 写完再改名：同时跑的另一个进程读不到半个文件
-    save_file({"tokens": torch.tensor(tokens, dtype=torch.int64), "logits": logits.contiguous()}, str(part))
-    os.replace(part, path)
-    return tokens, logits
+    if not path.is_file():
+        CACHE.mkdir(parents=True, exist_ok=True)
+        with _locked(path.with_suffix(".lock")):  # 几份测试同时要同一份参考：一个进程算，其余的等它写完再读
+            if not path.is_file():
+                tokens, logits = _run_hf(str(model_dir), prompt, n)
+                part = path.with_suffix(f".{os.getpid()}.part")  # 写完再改名：不加锁的读者也读不到半个文件
+                save_file({"tokens": torch.tensor(tokens, dtype=torch.int64), "logits": logits.contiguous()}, str(part))
+                os.replace(part, path)
+                return tokens, logits
+    data = load_file(str(path))
+    return data["tokens"].tolist(), data["logits"]
+
+
+@contextlib.contextmanager
+def _locked(lock: Path):
+    """文件锁（POSIX 的 flock；没有 fcntl 的平台不锁，最多两个进程各算一遍）。"""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    with open(lock, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _run_hf(model_dir: str, prompt: str, n: int) -> tuple[list[int], torch.Tensor]:

@@ -96,9 +96,9 @@ def test_a_run_that_did_not_happen_is_a_failure(host, capsys, tmp_path):
     host.setattr(arch, "jobs", lambda root, a, names: [("aarch64 · 假的", [sys.executable, "-c", fake], {})])
     assert arch.run_arch(["--arch", "aarch64"]) == 1
     out = capsys.readouterr().out.strip().splitlines()
-    assert "0 passed, 1 failed" in out and any(line.startswith("失败  aarch64 · 假的") for line in out), out
+    assert "0 passed, 1 failed, 0 skipped" in out and any(line.startswith("失败  aarch64 · 假的") for line in out), out
     assert out[-1].startswith("0 passed, 1 failed"), out
-    where = out[out.index("0 passed, 1 failed") - 1]  # 摘要前一行：根在哪、多大、怎么删
+    where = out[out.index("0 passed, 1 failed, 0 skipped") - 1]  # 摘要前一行：根在哪、多大、怎么删
     assert str(tmp_path / "cache" / "aarch64") in where and "--arch aarch64 --clean" in where, where
 
 

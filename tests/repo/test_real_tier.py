@@ -97,7 +97,7 @@ def test_cli_reports_failure_with_exit_code(tmp_path):
 def test_unsupported_family_is_named(tiny_models):
     step0, ch3 = find_checkpoint("step0"), find_checkpoint("ch3")
     why = unsupported_reason(step0, tiny_models["llama3"])
-    assert why and "step0_skeleton" in why and "'llama'" in why and "qwen3-tied" in why, why
+    assert why and "第 0 步只支持" in why and "'llama'" in why and "qwen3-tied" in why, why
     assert unsupported_reason(ch3, tiny_models["llama3"]) is None
     assert unsupported_reason(step0, tiny_models["qwen3-untied"]) is None
 
@@ -167,16 +167,16 @@ def test_book_falls_back_to_tiny_model_and_says_why(monkeypatch, tiny_models):
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="找子孙进程要读 /proc（Linux）")
 def test_check_stops_the_real_tier_with_its_children_when_the_own_tasks_fail():
-    """check 里本章的任务没全过时，真权重一档连同它起的子进程一起停掉（tools/run_tests.py 的 _stop），不留进程。"""
-    from tools import run_tests
+    """check 里本章的任务没全过时，真权重一档连同它起的子进程一起停掉（tools/suite/procs.py 的 stop），不留进程。"""
+    from tools.suite import procs
 
     code = ("import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']);"
             " print(c.pid, flush=True); time.sleep(60)")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     grandchild = int(proc.stdout.readline())
-    run_tests._STARTED["真权重一档"] = proc
+    procs.STARTED["真权重一档"] = proc
     try:
-        run_tests._stop("真权重一档")
+        procs.stop("真权重一档")
         proc.wait(timeout=10)
         deadline = time.monotonic() + 10
         while Path(f"/proc/{grandchild}").exists() and time.monotonic() < deadline:
@@ -184,11 +184,11 @@ def test_check_stops_the_real_tier_with_its_children_when_the_own_tasks_fail():
             if ") Z " in stat:  # 已经死了，只等父进程收尸
                 break
             time.sleep(0.1)
-        assert "真权重一档" in run_tests._STOPPED
+        assert "真权重一档" in procs.STOPPED
         stat = Path(f"/proc/{grandchild}/stat")
         assert not stat.exists() or ") Z " in stat.read_text(), "孙进程还活着"
     finally:
-        run_tests._STARTED.pop("真权重一档", None)
-        run_tests._STOPPED.discard("真权重一档")
+        procs.STARTED.pop("真权重一档", None)
+        procs.STOPPED.discard("真权重一档")
         if proc.poll() is None:
             proc.kill()

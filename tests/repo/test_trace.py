@@ -227,7 +227,7 @@ BAD = [
     (["ch3", "--page-size", "4"], "第 3 章还没有分页 KV"),
     (["ch4", "--page-size", "0"], "--page-size: 要一个正整数，收到 '0'"),
     (["ch4", "--max-new-tokens", "x"], "--max-new-tokens: 要一个正整数，收到 'x'"),
-    (["ch1"], "llama3 是 model_type='llama'，ch1_req_batch 只支持 qwen3-tied、qwen3-untied"),
+    (["ch1"], "llama3 是 model_type='llama'，第 1 章只支持 qwen3-tied、qwen3-untied"),
     (["ch4", "--against", "ch4", "--page-size", "1", "--page-size", "4"], "--against 只能配一个 --page-size"),
     (["ch4", "-o", "/no/such/dir/t.html"], "它所在的目录必须已经存在"),
     (["ch4", "--bogus"], "不认识的参数： --bogus"),
@@ -259,6 +259,6 @@ def test_a_chapter_that_cannot_run_the_model_says_why(tiny_models):
     from tools.trace.cli import unsupported
 
     assert unsupported(find_checkpoint("ch1"), tiny_models["llama3"]).startswith(
-        "llama3 是 model_type='llama'，ch1_req_batch 只支持 qwen3-tied、qwen3-untied")
+        "llama3 是 model_type='llama'，第 1 章只支持 qwen3-tied、qwen3-untied")
     assert unsupported(find_checkpoint("ch1"), tiny_models["qwen3-tied"]) is None
     assert unsupported(find_checkpoint("ch4"), tiny_models["llama3"]) is None

@@ -126,7 +126,7 @@ def test_progress_table_counts_and_names_the_first_failure():
 
 
 def test_details_are_capped_keeping_head_and_tail():
-    from tools.run_tests import capped
+    from tools.suite.procs import capped
 
     out = "FIRST FAILURE\n" + "x" * 50000 + "\nshort test summary"
     kept = capped(out, 4000)
@@ -241,13 +241,13 @@ def test_task_and_own_run_the_real_tier_only_when_asked(capsys):
     import argparse
 
     from tools.manifest import find_checkpoint
-    from tools.run_tests import _real_tier
+    from tools.suite.real import real_tier
 
     ck = find_checkpoint("ch6")
 
     def decide(**kw):
         args = argparse.Namespace(**{"real": False, "real_if_present": True, "own": False, "task": None, **kw})
-        return _real_tier(args, ck), capsys.readouterr().out
+        return real_tier(args, ck), capsys.readouterr().out
 
     for kw, said in [(dict(own=True), "--own"), (dict(task=7), "任务 7 不含它"), (dict(task=6), "任务 6 含它，")]:
         ran, out = decide(**kw)
@@ -284,8 +284,8 @@ def test_check_prints_the_task_table_once(monkeypatch, capsys):
         return 1, 0, []
 
     monkeypatch.setattr(run_tests, "_run", fake_run)
-    monkeypatch.setattr(run_tests, "_real_tier", lambda args, ck: True)
-    monkeypatch.setattr(run_tests, "_prepare_real", lambda: None)
+    monkeypatch.setattr(run_tests, "real_tier", lambda args, ck: True)
+    monkeypatch.setattr(run_tests, "prepare_real", lambda: None)
     args = argparse.Namespace(checkpoint="ch3", as_chapter=None, task=None, own=False, real=True,
                               real_if_present=False, jobs=2)
     assert run_tests._one_checkpoint(args, ["pytest"], {}) == 0
@@ -300,11 +300,12 @@ def test_real_tier_absence_reads_as_information(monkeypatch, capsys, tiny_models
     import argparse
     import types
 
-    from tools import run_tests
     from tools.manifest import find_checkpoint
 
-    monkeypatch.setattr(run_tests, "find_model", lambda **kw: types.SimpleNamespace(path=tiny_models["llama3"]))
+    from tools.suite import real
+
+    monkeypatch.setattr(real, "find_model", lambda **kw: types.SimpleNamespace(path=tiny_models["llama3"]))
     args = argparse.Namespace(real=True, real_if_present=False, own=False, task=None)
-    assert run_tests._real_tier(args, find_checkpoint("ch2")) is False
+    assert real.real_tier(args, find_checkpoint("ch2")) is False
     out = capsys.readouterr().out
     assert out.startswith("真权重一档：这一章不跑") and "不适用" not in out and "第 3 章起" in out, out

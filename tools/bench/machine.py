@@ -10,7 +10,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-import torch
 
 T = TypeVar("T")
 
@@ -51,6 +50,8 @@ def l3_size() -> str:
 
 def machine_line() -> str:
     """CPU 型号和指令集、核数、L3、torch 版本、线程数。"""
+    import torch  # 用到时才 import：course.py demo 只要 call_noting_load，不为它多等一次 import torch
+
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return (f"机器：{cpu_name()}（{cpu_flags()}；L3 {l3_size()}），{cores} 核；torch {torch.__version__}，"
             f"{torch.get_num_threads()} 个线程")
@@ -111,3 +112,30 @@ class Steady:
     def line(self) -> str:
         return (f"宿主机拿走的 CPU（/proc/stat 的 steal）超过 {self.STEAL:.1%} 的测量重测，共重测 {self.retries} 次；"
                 f"留下的测量里最多被拿走 {self.worst:.1%}")
+
+
+def _cpu_ticks() -> tuple[float, float]:
+    """(/proc/stat 第一行里全机忙着的 CPU 秒, 其中宿主机拿走的 steal 秒)；读不到时是 (0, 0)。"""
+    with contextlib.suppress(OSError, IndexError, ValueError):
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:9]]
+        hz = os.sysconf("SC_CLK_TCK")
+        return (sum(v) - v[3] - v[4]) / hz, v[7] / hz  # 去掉 idle、iowait
+    return 0.0, 0.0
+
+
+def call_noting_load(fn: Callable[[], T], busy: float = 0.25) -> tuple[T, str | None]:
+    """跑 fn（比如演示的子进程），返回 (结果, 一行提醒或 None)。这段时间里别的程序加上宿主机拿走的 CPU 超过全机的
+    busy 时提醒：上面打印的时间不准。自己用的 CPU 从 os.times() 的子进程时间里减掉。"""
+    (b0, s0), c0, t0 = _cpu_ticks(), os.times(), time.perf_counter()
+    out = fn()
+    (b1, s1), c1, wall = _cpu_ticks(), os.times(), time.perf_counter() - t0
+    own = (c1.children_user + c1.children_system + c1.user + c1.system
+           - c0.children_user - c0.children_system - c0.user - c0.system)
+    cores = os.cpu_count() or 1
+    others = max(0.0, (b1 - b0) - own) / max(wall * cores, 1e-9)
+    if b1 == 0 or others < busy:
+        return out, None
+    steal = (s1 - s0) / max(wall * cores, 1e-9)
+    return out, (f"这台机器正忙，上面的时间不准：这 {wall:.0f} 秒里别的程序和宿主机（steal {steal:.0%}）"
+                 f"占了全机 {others:.0%} 的 CPU（{cores} 核）")

@@ -106,12 +106,21 @@ def _code(text: str) -> str:
     return f"`` {text} ``" if "`" in text else f"`{text}`"
 
 
+def _spaced(word: str) -> bool:
+    return re.search(r"\s", word) is not None
+
+
 def render_fragment(c: Case, frag: str) -> str:
-    """片段写成行内代码，占位符写成 {页面上的词}；整个片段就是一个占位符时只写 {那个词}，不用代码体。"""
+    """片段写成行内代码，占位符写成 {页面上的词}；整个片段就是一个占位符时只写 {那个词}，不用代码体。
+    代码体里的词带空格时改写清单里的 {名字}，表下面一行说它是什么（name_note）：代码体里看得见的每个空格
+    都是消息里真有的（"{key}（引擎里的 {engine}）"的那个空格）。"""
     if frag == "\n":
         return "换行"
-    shown = PLACEHOLDER.sub(lambda m: "{" + c.echo[m.group(1)] + "}", frag)
-    return shown if PLACEHOLDER.fullmatch(frag) else _code(shown)
+    whole = PLACEHOLDER.fullmatch(frag)
+    if whole:
+        return "{" + c.echo[whole.group(1)] + "}"
+    return _code(PLACEHOLDER.sub(lambda m: "{" + (m.group(1) if _spaced(c.echo[m.group(1)]) else c.echo[m.group(1)])
+                                 + "}", frag))
 
 
 def render_raises(c: Case) -> str:
@@ -123,6 +132,19 @@ def render_raises(c: Case) -> str:
 
 
 ECHO_NOTE = "表里的 {{…}} 不是照抄的字，是测试的输入在消息里的回显：比如 {{{example}}} 处写出测试给的那个值。"
+
+
+def name_note(rows: list[Case]) -> str:
+    """代码体里写成 {名字} 的占位符（页面上的词带空格）各是什么；没有时是空字符串。"""
+    names: dict[str, str] = {}
+    for c in rows:
+        for f in (*c.message, *c.absent):
+            if not PLACEHOLDER.fullmatch(f):
+                names.update((n, c.echo[n]) for n in PLACEHOLDER.findall(f) if _spaced(c.echo[n]))
+    if not names:
+        return ""
+    listed = "；".join(f"`{{{n}}}`：{word}" for n, word in names.items())
+    return f"代码体里的 {listed}。代码体里看得见的每个空格都是消息里真有的一个空格，照抄。"
 SOURCE_NOTE = "> 这里是一张报错表，只在构建好的书里显示"
 
 
@@ -186,6 +208,8 @@ def render_table(folder: str, task: int | None = None) -> str:
     shown = [c.echo[m.group(1)] for c in rows for f in (*c.message, *c.absent) for m in PLACEHOLDER.finditer(f)]
     if shown:
         out += ["", ECHO_NOTE.format(example=shown[0])]
+    if note := name_note(rows):
+        out += ["", note]
     return "\n".join(out)
 
 

@@ -11,6 +11,10 @@
   就是这一份，所以页面和测试不会说两样话。{{ errors("checkpoint") }} 是命令行契约的全部报错。紧跟在占位符下面、
   给读原文件的人看的那一行（error_cases.source_note：表只在构建好的书里）和占位符一起换掉。
 - <!-- 模拟 CUDA 的规则 -->：模拟的 CUDA 守的跨设备规则表，从 tests/harness/cuda_emu/rules.toml 现生成。
+- {{ config_keys("ch2") }}：第 2 章从 config.json 读的键，从 tests/ch2/config_keys.toml 现生成
+  （tools/book/config_keys.py；下面那行 config_keys.source_note 一起换掉）。
+- <!-- torch 接口 -->：读者要写的代码调的 torch.cuda / torch.distributed 接口表，从参考检查点现读
+  （tools/book/torch_apis.py）。
 
 书里的运行结果用真模型（tools.models.find.find_model：Qwen3-0.6B，否则 SmolLM2-135M，没有就从 PyPI 现做）；
 取不到时退回离线小模型，页面上写明原因，构建不失败。
@@ -36,17 +40,20 @@ from pathlib import Path
 
 # mkdocs 按文件路径载入钩子、载入后还原 sys.path：这里加一次仓库根目录并立刻 import（之后 tools.X 走包的 __path__）
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from tools.book import error_cases  # noqa: E402
+from tools.book import config_keys, error_cases, torch_apis  # noqa: E402
 from tools.workbench import stubs  # noqa: E402
 from tools.manifest import ROOT, checkpoint_files, find_checkpoint, is_given, load_manifest, tomllib  # noqa: E402
 
 PATTERN = re.compile(r"\{\{\s*chapter_diff\(\"([\w]+)\"\)\s*\}\}")
 INTERFACE = "<!-- 接口 -->"
 CUDA_RULES = "<!-- 模拟 CUDA 的规则 -->"
+TORCH_APIS = torch_apis.MARK
 RUN = re.compile(r"\{\{\s*run\(\"([\w]+)\",\s*\"([^\"]+)\"\)\s*\}\}")
 TRACE = re.compile(r"\{\{\s*trace\(\"([\w]+)\",\s*\"([^\"]*)\"\)\s*\}\}")
 ERRORS = re.compile(r"\{\{\s*errors\(\"(\w+)\"(?:,\s*(\d+))?\)\s*\}\}"
                     + rf"(?:\n{re.escape(error_cases.SOURCE_NOTE)}[^\n]*)?")
+CONFIG_KEYS = re.compile(r"\{\{\s*config_keys\(\"(\w+)\"\)\s*\}\}"
+                         + rf"(?:\n{re.escape(config_keys.SOURCE_NOTE)}[^\n]*)?")
 TRACE_FILES: dict[str, str] = {}  # 网站里的路径 -> 这次构建生成的 HTML，on_post_build 写出
 TRACE_SECONDS: list[float] = []
 log = logging.getLogger("mkdocs.hooks.trace")
@@ -191,6 +198,11 @@ def render_errors(markdown: str) -> str:
                       markdown)
 
 
+def render_config_keys(markdown: str) -> str:
+    """每个 {{ config_keys(…) }}（连同下面那行 source_note）换成那一章的 config.json 键表。"""
+    return CONFIG_KEYS.sub(lambda m: config_keys.render_table(m.group(1)), markdown)
+
+
 def cuda_rules_table() -> str:
     """模拟的 CUDA 的规则表：读测试用的同一份 tests/harness/cuda_emu/rules.toml（数据，不 import tests/）。"""
     rules = tomllib.loads((ROOT / "tests" / "harness" / "cuda_emu" / "rules.toml").read_text(encoding="utf-8"))["rule"]
@@ -203,7 +215,10 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
         markdown = markdown.replace(INTERFACE, interface(page.file.src_uri))
     if CUDA_RULES in markdown:
         markdown = markdown.replace(CUDA_RULES, cuda_rules_table())
+    if TORCH_APIS in markdown:
+        markdown = markdown.replace(TORCH_APIS, torch_apis.table(find_checkpoint(Path(page.file.src_uri).stem)))
     markdown = render_errors(markdown)
+    markdown = render_config_keys(markdown)
     markdown = RUN.sub(lambda m: run(m.group(1), m.group(2)), markdown)
     markdown = TRACE.sub(lambda m: trace(m.group(1), m.group(2), page), markdown)
     return PATTERN.sub(lambda m: chapter_diff(m.group(1)), markdown)

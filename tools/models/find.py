@@ -72,5 +72,6 @@ def unsupported_reason(checkpoint: Checkpoint, path: Path) -> str | None:
     prefix = FAMILY_PREFIX.get(mtype)
     if prefix and any(f.startswith(prefix) for f in checkpoint.families):
         return None
-    return (f"{path.name} 是 model_type={mtype!r}，{checkpoint.name} 只支持 {'、'.join(checkpoint.families)}"
+    which = f"第 {checkpoint.chapter} 章" if checkpoint.chapter else "第 0 步"  # 说章，不说书里的目录：测的可能是读者的
+    return (f"{path.name} 是 model_type={mtype!r}，{which}只支持 {'、'.join(checkpoint.families)}"
             f"（checkpoints.toml 的 families；第 3 章起才支持 Llama、Qwen2）")

@@ -97,12 +97,13 @@ def read_start(dest: Path, unreadable: list[str] | None = None) -> dict | None:
 
 def task_summary(results: dict[str, dict], chapter: int) -> list[tuple[Task, int, int, int, str]]:
     """本章每个任务：(任务, 通过的测试数, 没通过的测试数, 跳过的测试数, 第一个没通过的测试 "名字：原因" 或 "")。
-    给定代码自己的测试不算进任何任务（和 check 的进度表一样，tools/workbench/task_table.py）。"""
+    给定代码自己的测试、真权重一档（tests/real/）不算进任何任务（和 check 的进度表一样，
+    tools/workbench/task_table.py）。"""
     tasks = load_tasks().get(chapter, [])
     rows = {t.number: [t, 0, 0, 0, ""] for t in tasks}
     for nodeid, r in results.items():
         task = task_of_test({chapter: tasks}, nodeid, chapter) if chapter_of_test(nodeid, chapter) == chapter else None
-        if task is None or is_given_test(chapter, nodeid):
+        if task is None or is_given_test(chapter, nodeid) or nodeid.startswith("tests/real/"):
             continue
         row = rows[task.number]
         i = {"passed": 1, "skipped": 3}.get(r["outcome"], 2)
@@ -113,7 +114,7 @@ def task_summary(results: dict[str, dict], chapter: int) -> list[tuple[Task, int
 
 
 def first_failure(results: dict[str, dict], chapter: int) -> str | None:
-    """一行说清楚第一个没过的：收集错误（测试文件都没能导入）优先，其次按任务号。全部通过时 None。"""
+    """一行说清楚第一个没过的：收集错误（测试文件都没能导入）优先，其次按任务号，最后真权重一档。全部通过时 None。"""
     for nodeid, r in results.items():
         if r["outcome"] == "error":
             return f"收集错误：{nodeid}：{r['reason']}"
@@ -122,6 +123,9 @@ def first_failure(results: dict[str, dict], chapter: int) -> str | None:
             return f"{task.label}（{task.title}）没通过：{first}"
         if ok + bad + skipped == 0:
             return f"{task.label}（{task.title}）没有跑到测试"
+    for nodeid, r in results.items():
+        if nodeid.startswith("tests/real/") and r["outcome"] == "failed":
+            return f"真权重一档没通过：{nodeid.split('::')[-1]}：{r['reason']}"
     return None
 
 
@@ -171,6 +175,10 @@ def progress_report(dirs: list[Path], shown=lambda p: str(p)) -> str:
                           and chapter_of_test(n, check["chapter"]) != check["chapter"])
             if regress:
                 notes.append(f"前面各章的测试（回归）有 {regress} 个没过")
+            real = sum(1 for n, r in check["results"].items()
+                       if n.startswith("tests/real/") and r["outcome"] == "failed")
+            if real:
+                notes.append(f"真权重一档有 {real} 个没过")
             if check["selection"].startswith("task"):
                 notes.append(f"上次只跑了任务 {check['selection'].split()[-1]}")
             if check["stale"]:

@@ -34,8 +34,10 @@ def progress_table(results: dict[str, dict], chapter: int, reason_chars: int = 1
                    only_task: int | None = None) -> tuple[str, bool]:
     """results 是 tests/harness/progress.py 写的 {node id: {outcome, reason}}。返回（按任务的进度表, 是否全部通过）。
 
-    本章每个任务一行；给定代码自己的测试（tests/tasks.toml 的 given_tests）一行，排在任务之后；前面各章的测试（回归）
-    每章一行；归不到任务的测试和收集错误单独成行，也算失败。
+    本章每个任务一行（只数"本章的任务"那一份跑的测试：各行加起来就是它的个数）；给定代码自己的测试
+    （tests/tasks.toml 的 given_tests）一行、真权重一档（tests/real/，在 tasks.toml 里归某个任务，
+    --task K --real 才跑到它）一行，排在任务之后；前面各章的测试（回归）每章一行；
+    归不到任务的测试和收集错误单独成行，也算失败。
     only_task（check 的 --task K）：只列这个任务，别的任务没跑，不算"没有测试"。
     """
     all_tasks = load_tasks()
@@ -55,6 +57,8 @@ def progress_table(results: dict[str, dict], chapter: int, reason_chars: int = 1
                 key, title = "未归类", "未归类的测试（tests/tasks.toml 里没有任务管它）"
             elif ch == chapter and is_given_test(chapter, nodeid):
                 key, title, task = "给定", "给定代码自己的测试（不是你要写的）", None
+            elif nodeid.startswith("tests/real/"):
+                key, title = "真权重", "真权重一档（真模型上和 HF 对齐，不算在上面的任务里）"
             elif ch != chapter:
                 key, title = f"第 {ch} 章", f"第 {ch} 章的测试（回归）"
             else:
@@ -63,7 +67,6 @@ def progress_table(results: dict[str, dict], chapter: int, reason_chars: int = 1
         if key not in order:
             order.append(key)
         row["n"] += 1
-        row["real"] = row.get("real", 0) + nodeid.startswith("tests/real/")
         row["ok"] += r["outcome"] == "passed"
         row["skip"] += r["outcome"] == "skipped"
         # 第一个没通过的测试；优先挑原因就是本任务的桩的那个（别的任务的桩挡在前面时，先写那个任务）
@@ -71,11 +74,9 @@ def progress_table(results: dict[str, dict], chapter: int, reason_chars: int = 1
         if r["outcome"] in ("failed", "error") and (not row["first"] or (own and not row.get("own"))):
             reason = r["reason"] if len(r["reason"]) <= reason_chars else r["reason"][:reason_chars] + "…"
             row["first"], row["own"] = f"{nodeid.split('/')[-1]}：{reason}", own
-    order.sort(key=lambda k: 3 if k in ("未归类", "收集错误") else 2 if k.startswith("第") and "任务" not in k
-               else 1 if k == "给定" else 0)  # 本章的任务、给定代码的测试、回归、归不了类的
-    for r in rows.values():  # 真权重一档归在某个任务下（--task K --real 才跑得到它）：合起来的表里多出的几个说清楚
-        if r.get("real"):
-            r["title"] += f"（含真权重一档 {r['real']} 个）"
+    # 本章的任务、给定代码的、真权重一档、回归、归不了类的
+    order.sort(key=lambda k: 4 if k in ("未归类", "收集错误") else 3 if k.startswith("第") and "任务" not in k
+               else 2 if k == "真权重" else 1 if k == "给定" else 0)
     width = max(_width(rows[k]["title"]) for k in order) + 2 if order else 10
     lines = [_pad("任务", width + 2) + _pad("通过", 12) + "第一个没通过的测试：原因"]
     ok_all = bool(order)

@@ -119,7 +119,8 @@ class Engine:
 
     # --8<-- [start:init_communication]
     def _init_communication(self, config: EngineConfig) -> dist.ProcessGroup | None:
-        """TP>1 才建进程组（各 rank 在 distributed_addr 会合）。超时也用在之后的每次集合通信上：
+        """TP>1 才建进程组：dist.init_process_group(init_method=distributed_addr, timeout=…)，GPU 上另用
+        dist.new_group(backend="gloo") 建 CPU 组。超时也用在之后的每次集合通信上：
         别的 rank 死了，这里等 distributed_timeout 秒后报错，而不是永远挂着。"""
         if config.tp_info.size == 1:
             return None
@@ -178,7 +179,8 @@ class Engine:
         return ForwardOutput(next_tokens_gpu, next_tokens_cpu, self._copy_done_event(), logits)
 
     def _copy_done_event(self) -> torch.cuda.Event | _CopyDone:
-        """GPU 上拷贝是异步的：记一个事件，调用方 synchronize() 之后才读 next_tokens_cpu。"""
+        """GPU 上拷贝是异步的：torch.cuda.Event() 再 record()（记在当前流上、排在拷贝之后），
+        调用方 synchronize() 之后才读 next_tokens_cpu。"""
         if self.device.type != "cuda":
             return _CopyDone()
         event = torch.cuda.Event()
@@ -222,6 +224,7 @@ class Engine:
         self._release_globals(self.config.tp_info.size)
 
     def _release_globals(self, tp_size: int) -> None:
+        """tp>1 且进程组建着时 dist.destroy_process_group()；清掉全局的 Context、TP 身份，还回线程数。"""
         if tp_size > 1 and dist.is_initialized():  # 只拆自己建的进程组
             dist.destroy_process_group()
         reset_global_ctx()

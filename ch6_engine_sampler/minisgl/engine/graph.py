@@ -31,6 +31,7 @@ class GraphCaptureBuffer:
 
     @classmethod
     def init(cls, bs: int, vocab_size: int, device: torch.device) -> GraphCaptureBuffer:
+        """按最大的 bs 建一次：三个输入 (bs,) int32 全是 0，logits (bs, vocab_size) float32 不初始化（图会写满它）。"""
         return GraphCaptureBuffer(input_ids=torch.zeros(bs, dtype=torch.int32, device=device),
                                   out_loc=torch.zeros(bs, dtype=torch.int32, device=device),
                                   positions=torch.zeros(bs, dtype=torch.int32, device=device),
@@ -53,7 +54,8 @@ def _determine_cuda_graph_bs(device: torch.device, cuda_graph_bs: List[int] | No
                              max_running_req: int) -> List[int]:
     """给了 cuda_graph_bs 就用它（[] 表示关掉）；否则和官方一样是 1, 2, 4, 8, 16, 24, …，到 cuda_graph_max_bs
     （默认 160）为止，并且录到第一个 >= max_running_req 的大小就停：一个 batch 最多 max_running_req 个请求，
-    再大的图用不上。CPU 上没有 CUDA 图，总是 []。"""
+    再大的图用不上。cuda_graph_max_bs 不在这串数上时只是上限，自己不加进去（10 → 1, 2, 4, 8，和官方一样）。
+    CPU 上没有 CUDA 图，总是 []。"""
     if cuda_graph_bs is not None and any(bs < 1 for bs in cuda_graph_bs):
         raise ValueError(f"EngineConfig.cuda_graph_bs={cuda_graph_bs}：每个大小都要 >= 1（[] 表示不录图）")
     if device.type != "cuda":
@@ -82,7 +84,8 @@ class GraphRunner:
         self._capture_graphs(max_seq_len, vocab_size, model)
 
     def _capture_graphs(self, max_seq_len: int, vocab_size: int, model: BaseLLMModel) -> None:
-        """图关着时什么也不做（不碰 CUDA）。每张图录之前先照常跑一遍：第一次前向里的惰性初始化不进图。"""
+        """图关着时什么也不做（不碰 CUDA）。每张图录之前先照常跑一遍：第一次前向里的惰性初始化不进图。
+        预热和录图共用一个 forward_batch（同一个 batch、同一份静态缓冲），和官方一样；分成两个也行，结果相同。"""
         if self.max_graph_bs == 0:
             return
         self.attn_backend.init_capture_graph(max_seq_len, self.graph_bs_list)
@@ -124,6 +127,7 @@ class GraphRunner:
         return self.buffer.logits[:batch.size]
 
     def destroy_cuda_graphs(self) -> None:
-        """释放图和它们的显存池（TP 时要在拆进程组之前）。"""
+        """释放图和它们的显存池（TP 时要在拆进程组之前）：清空 graph_map、gc.collect()，别处不留图的引用。
+        静态缓冲（buffer、后端的 capture 数据）是普通张量，不在图的池子里，留着随 GraphRunner 一起回收，和官方一样。"""
         self.graph_map.clear()
         gc.collect()

@@ -11,6 +11,7 @@
 mem_get_info、synchronize、Event、_lazy_init（safetensors 的 safe_open(device='cuda:0') 会调它）、CUDAGraph 和 graph
 （录下设备上的算子、重放时重算，见 graph.py），以及
 torch.tensor / torch.as_tensor 带 device='cuda' 的情形（它们不经过 dispatch mode）。
+整个测试进程（连同子进程）都在模拟里：whole.py（MINISGL_EMULATE_CUDA=1）；那时 gpu 夹具不再套一层。
 CPU-only 的 torch 还要一个 CUDA 设备守卫（guard.cpp，第一次用时编译、缓存），否则 Python 里索引 cuda 张量就报
 "PyTorch is not linked with support for cuda devices"。
 """
@@ -42,12 +43,14 @@ HERE = Path(__file__).resolve().parent
 CACHE = HERE.parents[2] / ".cache" / "cuda_emu"
 _guard_error: str | None = None
 _guard_loaded = False
+_depth = 0  # emulated_cuda() 套了几层（0 或 1）
 
 
 def gpu_kinds() -> list[str]:
     """GPU 一档的参数：有真 GPU 时是 "cuda"（同一批测试在真货上跑，模拟的规则就在第一次有 GPU 的运行里对上了
-    真的 CUDA）；没有时是 "emulated"。带 CUDA 的 torch 不能加载模拟的守卫（会顶掉真的），所以两档不在一台机器上并存。"""
-    return ["cuda"] if torch.cuda.is_available() else ["emulated"]
+    真的 CUDA）；没有时是 "emulated"。带 CUDA 的 torch 不能加载模拟的守卫（会顶掉真的），所以两档不在一台机器上并存。
+    整个进程在模拟里时 is_available() 也是 True：看 torch 带不带 CUDA，才分得清真假。"""
+    return ["cuda"] if torch.backends.cuda.is_built() and torch.cuda.is_available() else ["emulated"]
 
 
 def _build_guard() -> Path:
@@ -141,6 +144,11 @@ def _seams() -> list[tuple[object, str, object]]:
 @contextlib.contextmanager
 def emulated_cuda() -> Iterator[HostSyncs]:
     """在这段里 torch 看得到一块 GPU（cuda:0），张量建在上面、算在 CPU 上；给出读回主存的记录。"""
+    global _depth
+    if _depth:  # 已经在模拟里（整个进程的模拟，whole.py）：不再套一层，只从头记同步
+        SYNCS.events.clear()
+        yield SYNCS
+        return
     problem = guard_problem()
     if problem is not None:
         raise RuntimeError(problem)
@@ -152,10 +160,12 @@ def emulated_cuda() -> Iterator[HostSyncs]:
     for obj, name, value in seams:
         setattr(obj, name, value)
     SYNCS.events.clear()
+    _depth += 1
     try:
         with CudaMode():
             yield SYNCS
     finally:
+        _depth -= 1
         for obj, name, value in saved:
             setattr(obj, name, value)
 

@@ -9,9 +9,9 @@
 from __future__ import annotations
 
 import torch
-from torch.utils._pytree import tree_flatten
+from torch.utils._python_dispatch import _disable_current_modes
 
-from .tensor import Capture, _mutated_arg, _unwrap, call_on_host
+from .tensor import Capture, _mutated_arg, _unwrap, host_args, leaves
 
 
 def _aliases_input(func) -> bool:
@@ -24,6 +24,7 @@ class CUDAGraph:
 
     def __init__(self, *args, **kwargs) -> None:
         self.ops: list | None = None
+        self.steps: list = []
 
     def capture_begin(self, pool=None, capture_error_mode: str = "global") -> None:
         if Capture.active is not None:
@@ -33,23 +34,33 @@ class CUDAGraph:
 
     def capture_end(self) -> None:
         Capture.active = None
+        self.steps = [_step(*op) for op in self.ops or []]  # 参数录下时就拆好：重放时只剩真算和写回
 
     def replay(self) -> None:
         if self.ops is None:
             raise RuntimeError("CUDA graph 还没录就 replay")
-        for func, args, kwargs, out in self.ops:
-            new = call_on_host(func, args, kwargs)
-            if _mutated_arg(func, args, kwargs) is not None or _aliases_input(func):
-                continue  # 原地算子已经写进了同一块数据；视图本来就指着它
-            for old, fresh in zip(tree_flatten(out)[0], tree_flatten(new)[0]):
-                if isinstance(old, torch.Tensor):
-                    _unwrap(old).copy_(fresh)
+        with _disable_current_modes():  # 录下的都是 CPU 上的参数：不必再经过整个进程的 CudaMode
+            for func, u_args, u_kwargs, outs in self.steps:
+                new = func(*u_args, **u_kwargs)
+                for old, fresh in zip(outs, leaves((new,))):
+                    if old is not None:
+                        old.copy_(fresh)
 
     def reset(self) -> None:
         self.ops = None
+        self.steps = []
 
     def pool(self) -> tuple[int, int]:
         return (0, id(self))  # 显存池的句柄：这里只用来传给下一张图，不分配什么
+
+
+def _step(func, args, kwargs, out) -> tuple:
+    """录下的一个算子 -> (func, CPU 上的参数, 要写回的输出)。张量按身份：拆出来的还是同一块数据。"""
+    u_args, u_kwargs = host_args(args, kwargs)
+    if _mutated_arg(func, args, kwargs) is not None or _aliases_input(func):
+        return func, u_args, u_kwargs, []  # 原地算子直接写进同一块数据；视图本来就指着它
+    outs = [_unwrap(o) if isinstance(o, torch.Tensor) else None for o in leaves((out,))]
+    return func, u_args, u_kwargs, outs
 
 
 class graph:  # noqa: N801 —— 和 torch.cuda.graph 同名

@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten, tree_map_only
 
 from .rules import ADVANCED_INDEXING, DATA_DEPENDENT, check_devices
 
@@ -94,15 +93,43 @@ class EmulatedCudaTensor(torch.Tensor):
 class CudaMode(TorchDispatchMode):
     """接住 device='cuda' 的工厂函数（它们的参数里还没有 cuda 张量，子类的 __torch_dispatch__ 轮不到）。"""
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False  # 不套 torch._dynamo.disable：每个算子都经过这里，那层包装比这里的活还贵；这里没有 torch.compile
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if not kwargs.get("pin_memory") and not any(_touches_cuda(x) for x in tree_flatten((args, kwargs))[0]):
+        on_cuda = any(issubclass(t, EmulatedCudaTensor) for t in types)  # types：参数里张量子类的类型
+        if not on_cuda and not kwargs.get("pin_memory") and not _names_cuda(args, kwargs):
             return func(*args, **kwargs)  # 和 cuda 无关的算子（比如 HF 的参照在 CPU 上算）：原样放过
         return run(func, args, kwargs)
 
 
-def _touches_cuda(x) -> bool:
-    return isinstance(x, EmulatedCudaTensor) or (isinstance(x, torch.device) and x.type == "cuda")
+def _names_cuda(args, kwargs) -> bool:
+    """参数里写着 device='cuda'（工厂函数、.to）。cuda 张量不用在这里找：types 里有它的类型就是碰到了。"""
+    return _is_cuda(kwargs.get("device")) or any(isinstance(a, torch.device) and a.type == "cuda" for a in args)
+
+
+def leaves(args, kwargs=None) -> list:
+    """aten 算子的参数和结果最多嵌一层（Tensor[]、Tensor?[]、几个输出的 tuple）：每个算子都走这里，
+    比 torch 的 pytree 快一个数量级。"""
+    out = []
+    for a in (*args, *(kwargs or {}).values()):
+        if isinstance(a, (list, tuple)):
+            out.extend(a)
+        else:
+            out.append(a)
+    return out
+
+
+def map_tensors(fn, x):
+    """x（张量、一层 list / tuple、别的原样）里的每个张量换成 fn(张量)。"""
+    if isinstance(x, torch.Tensor):
+        return fn(x)
+    if isinstance(x, (list, tuple)):
+        items = [fn(a) if isinstance(a, torch.Tensor) else a for a in x]
+        return type(x)(*items) if hasattr(x, "_fields") else type(x)(items)
+    return x
 
 
 def _device(t: torch.Tensor) -> torch.device:
@@ -117,23 +144,27 @@ def _is_cuda(d) -> bool:
     return d is not None and torch.device(d).type == "cuda"
 
 
+_WRITES_FIRST: dict = {}  # 算子 -> 第一个参数是不是被原地改写的（schema 每个算子只看一次）
+
+
 def _mutated_arg(func, args, kwargs):
     """原地算子（add_、copy_、index_put_…）和 out= 返回被改的那个参数本身，而不是新包一层。"""
     if "out" in kwargs:
         return kwargs["out"]
-    schema = func._schema
-    if schema.arguments and schema.arguments[0].alias_info is not None and schema.arguments[0].alias_info.is_write:
-        return args[0]
-    return None
+    writes = _WRITES_FIRST.get(func)
+    if writes is None:
+        first = func._schema.arguments[:1]
+        writes = _WRITES_FIRST[func] = bool(first and first[0].alias_info is not None and first[0].alias_info.is_write)
+    return args[0] if writes else None
 
 
 def _on_gpu(t) -> bool:
     return isinstance(t, torch.Tensor) and _device(t).type == "cuda"
 
 
-def record_sync(func, args, kwargs) -> None:
+def record_sync(func, args, kwargs, flat: list | None = None) -> None:
     """这个算子在真 CUDA 上要不要读回主存（rule host-sync）：要就记进 SYNCS。模拟的和真的 cuda 张量一样判断。"""
-    flat = tree_flatten((args, kwargs))[0]
+    flat = leaves(args, kwargs) if flat is None else flat
     if not any(_on_gpu(t) for t in flat) and not _is_cuda(kwargs.get("device")):
         return
     if func is aten._local_scalar_dense.default:
@@ -168,13 +199,20 @@ class SyncCounter(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
-def call_on_host(func, args, kwargs):
-    """拆出里面的 CPU 张量、device='cuda' 换成 CPU，真算一遍（run 和 CUDA 图重放都走这里）。"""
-    u_args, u_kwargs = tree_map_only(torch.Tensor, _unwrap, (args, kwargs))
+def host_args(args, kwargs) -> tuple[tuple, dict]:
+    """拆出里面的 CPU 张量、device='cuda' 换成 CPU：在 CPU 上真算用的参数（run 和 CUDA 图都用它）。"""
+    u_args = tuple(map_tensors(_unwrap, a) for a in args)
+    u_kwargs = {k: map_tensors(_unwrap, v) for k, v in kwargs.items()}
     if _is_cuda(u_kwargs.get("device")):
         u_kwargs["device"] = CPU
     if u_kwargs.get("pin_memory"):
         u_kwargs["pin_memory"] = False  # rule factory：CPU-only 的 torch 没有页锁定内存的分配器
+    return u_args, u_kwargs
+
+
+def call_on_host(func, args, kwargs):
+    """在 CPU 上真算一遍。"""
+    u_args, u_kwargs = host_args(args, kwargs)
     return func(*u_args, **u_kwargs)
 
 
@@ -189,11 +227,12 @@ def run(func, args, kwargs):
     if func in ADVANCED_INDEXING:  # 下标另算（rule index-cpu-indices）
         index_devices = [_device(i) for i in args[1] if i is not None]
         plain_args = (args[0], *args[2:])
-    flat = [t for t in tree_flatten((plain_args, kwargs))[0] if isinstance(t, torch.Tensor)]
-    check_devices(func, [(t, _device(t)) for t in flat], index_devices)
+    flat = leaves(args, kwargs)
+    plain = flat if plain_args is args else leaves(plain_args, kwargs)
+    check_devices(func, [(t, _device(t)) for t in plain if isinstance(t, torch.Tensor)], index_devices)
 
-    record_sync(func, args, kwargs)
-    on_cuda = any(isinstance(t, EmulatedCudaTensor) for t in tree_flatten((args, kwargs))[0])
+    record_sync(func, args, kwargs, flat)
+    on_cuda = any(isinstance(t, EmulatedCudaTensor) for t in flat)
     if "device" in kwargs and kwargs["device"] is not None:
         on_cuda = _is_cuda(kwargs["device"])  # 工厂函数和 .to(device) 在目标设备上出结果
     if func is aten.copy_.default and isinstance(args[0], EmulatedCudaTensor):
@@ -205,7 +244,7 @@ def run(func, args, kwargs):
         out = mutated
     elif on_cuda:
         with torch.inference_mode(False):  # 包装本身不是 inference 张量：视图算子之后 autograd 还要给它设版本号
-            out = tree_map_only(torch.Tensor, EmulatedCudaTensor, out)
+            out = map_tensors(EmulatedCudaTensor, out)
     if on_cuda:  # 设备上的算子进正在录的图（rule graph-capture）；主存里的活不进
         Capture.add(func, args, kwargs, out)
     return out
