@@ -158,7 +158,11 @@ def test(extra: list[str]) -> int:
         from tools.arch.qemu import run_arch
 
         return run_arch(extra)
-    print(device_line(), flush=True)
+    if "--emulate-cuda" in extra:
+        print("设备：测试进程（和它起的 Python 子进程）看得到一块模拟的 cuda:0，数在 CPU 上算（--emulate-cuda，"
+              "见测试页\"整套测试都看得到 GPU\"）", flush=True)
+    else:
+        print(device_line(), flush=True)
     if "--no-real" in extra:
         extra = [a for a in extra if a != "--no-real"]
     elif "--emulate-cuda" in extra and "--real" not in extra:  # 真权重一档走的是同一份引擎代码，模拟时默认不重跑

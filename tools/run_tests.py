@@ -19,11 +19,12 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 
-from tools.manifest import find_checkpoint, given_test_patterns, load_manifest
+from tools.manifest import ROOT, find_checkpoint, given_test_patterns, load_manifest
 from tools.suite.parts import Part, choose_jobs, load_record, save_record, threads_per_job
 from tools.suite.procs import STOPPED, capped, run_part, stop
 from tools.suite.profile import save_last_run
@@ -63,9 +64,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main() -> int:
     args, extra = build_parser().parse_known_args()
 
-    from tools.models.make_tiny_models import make_all
-
-    make_all()  # 先写好小模型，免得几个 pytest 进程同时去写
+    # 先写好小模型，免得几个 pytest 进程同时去写。在子进程里做：本进程不 import torch，它起的每一份记下的峰值内存才是
+    # 那一份自己的（fork 出来的进程在 exec 之前顶着父进程的内存，os.wait4 的峰值会把它算进去）
+    made = subprocess.run([sys.executable, "-m", "tools.models.make_tiny_models"], cwd=ROOT, capture_output=True,
+                          text=True)
+    if made.returncode != 0:
+        print(f"错误：做不出离线小模型：{(made.stderr.strip().splitlines() or ['?'])[-1]}", flush=True)
+        return 1
     pytest = [sys.executable, "-m", "pytest", "tests", "-q", "-p", "no:cacheprovider", "-p", "tests.harness.progress",
               "--tb=short", "-rs", *extra]
     env = dict(os.environ)
@@ -79,8 +84,8 @@ def main() -> int:
         return _one_checkpoint(args, pytest, env)
     if args.real_if_present and not args.real:
         args.real = real_present()
-    if args.real:
-        prepare_real()
+    if args.real:  # 真模型也在子进程里做（理由同上）；做不出来时它说明，测试随后失败
+        subprocess.run([sys.executable, "-c", "from tools.suite.real import prepare_real; prepare_real()"], cwd=ROOT)
         pytest.append("--real")
     record = load_record()
     # 长的先起（上次量到的 CPU 秒；没量过时仓库级最长，其次按清单倒序：第 6 章最长），最后不会只剩一份独自跑
