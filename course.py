@@ -88,8 +88,8 @@ def device_line() -> str:
     import torch
 
     if not torch.cuda.is_available():
-        return (f"设备：CPU（torch {torch.__version__}，没有 CUDA：用 gpu 夹具的测试，比如第 6 章的 CUDA 图，"
-                "在模拟的 CUDA 上跑；只在真 CUDA 上才有意义的测试跳过并写明理由）")
+        return (f"设备：CPU（torch {torch.__version__}，没有 CUDA：用 gpu 夹具的测试在模拟的 CUDA 上跑，"
+                "只在真 CUDA 上才有意义的测试跳过并写明理由）")
     n = torch.cuda.device_count()
     return (f"设备：CUDA，{n} 块 {torch.cuda.get_device_name(0)}（torch {torch.__version__}）：引擎在 cuda:0 上跑，"
             f"参照输出在 CPU 上算；--tp N 的测试卡不够时各 rank 在 CPU 上（--device cpu）；C++ 核的测试用 CPU 上的张量")
