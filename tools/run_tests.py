@@ -159,12 +159,10 @@ def _one_checkpoint(args, pytest: list[str], env: dict) -> int:
     only = f"，只跑任务 {args.task}" if args.task else "，只跑本章的任务" if args.own else ""
     ran = f"；跑了：{'、'.join(name for name, _, _ in jobs if name not in STOPPED)}" if len(jobs) > 1 else ""
     print(f"\n{ck.path.name}（按第 {ck.chapter} 章的任务{only}{ran}）：\n{table}\n", flush=True)
-    if ck.path.resolve() not in {c.path.resolve() for c in load_manifest()}:  # 读者的目录：记下来给 progress 看
+    learner = ck.path.resolve() not in {c.path.resolve() for c in load_manifest()}
+    if learner:  # 读者的目录：记下来给 progress 看
         selection = f"task {args.task}" if args.task else "own" if args.own else "all"
         write_check(ck.path, ck.chapter, merged, selection)
-        learner = True
-    else:
-        learner = False
     code = _finish(passed, failed, details, tally.get("skipped", 0), _wall(t0, jobs, n_jobs))
     if learner and code == 0:
         print(next_step(ck, whole), flush=True)

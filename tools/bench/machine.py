@@ -75,10 +75,7 @@ def kernel_summary() -> str:
 
 def steal_seconds() -> float:
     """/proc/stat 里所有核加起来被宿主机拿走的 CPU 时间（steal，秒）；不是 Linux 或读不到时是 0。"""
-    with contextlib.suppress(OSError, IndexError, ValueError):
-        with open("/proc/stat") as f:
-            return int(f.readline().split()[8]) / os.sysconf("SC_CLK_TCK")
-    return 0.0
+    return _cpu_ticks()[1]
 
 
 class Steady:
