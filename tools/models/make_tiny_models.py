@@ -16,8 +16,10 @@ import json
 import math
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS = Path(__file__).resolve().parent / "corpus"
@@ -125,6 +127,8 @@ def _init_weights(model: torch.nn.Module, seed: int, std: float | None = None) -
     """全部参数随机化，包括 norm 的权重和 bias：默认的 1 和 0 会让"漏掉一个 norm / bias"的错误蒙混过关。
     默认尺度取得偏大，让 logits 的第一名和第二名拉开距离，贪心选择不会被浮点误差翻转；
     给了 std（配置的 initializer_range）就按真模型的尺度：激活小到和 rms_norm_eps 可比，eps 写错 logits 就变。"""
+    import torch
+
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in sorted(model.named_parameters()):
@@ -158,8 +162,12 @@ def _to_hub_form(config_path: Path) -> None:
 
 
 def make_model(name: str, out_dir: Path, tokenizer_dir: Path) -> Path:
+    import torch
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # 测试日志里不要进度条
 
     cls_name, kwargs, form, shard = FAMILIES[name]
     kwargs = copy.deepcopy(kwargs)  # 配置类会往 rope_scaling 字典里添键：别让它改了 FAMILIES（spec_digest 就变了）
@@ -195,6 +203,7 @@ def make_random_qwen3_06b(out: Path = ROOT / "models" / "random-qwen3-0.6b") -> 
     """写一个 Qwen3-0.6B 形状的随机权重检查点（约 2.4 GB），已经写过就直接复用。"""
     if (out / "TINY_MODEL").exists():
         return out
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3Config
 
     tok_dir = DEFAULT_OUT / "_tokenizer"
@@ -212,10 +221,8 @@ def make_random_qwen3_06b(out: Path = ROOT / "models" / "random-qwen3-0.6b") -> 
 
 
 def make_all(out: Path = DEFAULT_OUT, names: list[str] | None = None) -> dict[str, Path]:
-    """写出（或复用已写好的）小模型；返回 名字 -> 目录。"""
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # 测试日志里不要进度条
+    """写出（或复用已写好的）小模型；返回 名字 -> 目录。都已写好时不 import torch / transformers：
+    每次 course.py check / test 都先调它，这样只花几毫秒。"""
     out.mkdir(parents=True, exist_ok=True)
     tok_dir = out / "_tokenizer"
     if not (tok_dir / "tokenizer.json").exists():
