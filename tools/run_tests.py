@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 
 from tools.manifest import ROOT, find_checkpoint, given_test_patterns, load_manifest
 from tools.suite.parts import Part, choose_jobs, load_record, save_record, threads_per_job
-from tools.suite.procs import STOPPED, capped, run_part, stop
+from tools.suite.procs import STOPPED, capped, run_part, stop, write_bytecode
 from tools.suite.profile import save_last_run
 from tools.suite.real import prepare_real, real_present, real_tier
 from tools.workbench.course_record import write_check
@@ -73,7 +73,7 @@ def main() -> int:
         return 1
     pytest = [sys.executable, "-m", "pytest", "tests", "-q", "-p", "no:cacheprovider", "-p", "tests.harness.progress",
               "--tb=short", "-rs", *extra]
-    env = dict(os.environ)
+    env = write_bytecode(dict(os.environ))
     if args.emulate_cuda:  # tests/conftest.py 读它：整个进程看得见（模拟的）CUDA，见测试页"模拟的 CUDA"
         if not args.checkpoint or find_checkpoint(args.checkpoint, args.as_chapter).chapter < 5:
             print("错误：--emulate-cuda 只用于第 5、6 章（有注意力后端和 Engine 的检查点）：python course.py test ch6 "

@@ -69,3 +69,23 @@ def test_wait_measured_reports_the_peak_memory_and_cpu_of_the_process_tree():
     proc = subprocess.Popen([sys.executable, "-c", code])
     used = parts.wait_measured(proc)
     assert proc.returncode == 0 and used.peak_mb >= 200 and used.cpu_s > 0, used
+
+
+def test_bytecode_is_written_even_when_the_environment_forbids_it(tmp_path):
+    """设了 PYTHONDONTWRITEBYTECODE 时，各份的子进程照样把字节码写进源码旁边的 __pycache__，第二个进程直接用它，
+    不再编译；别的环境变量原样不动。"""
+    from tools.suite.procs import write_bytecode
+
+    assert write_bytecode({"PYTHONDONTWRITEBYTECODE": "1", "A": "b"}) == {"A": "b"}
+    (tmp_path / "mod.py").write_text("X = 1\n", encoding="utf-8")
+    env = write_bytecode(dict(os.environ, PYTHONDONTWRITEBYTECODE="1"))
+    env.pop("PYTHONPYCACHEPREFIX", None)
+    stamps = []
+    for _ in range(2):
+        out = subprocess.run([sys.executable, "-c", "import mod; print(mod.__cached__)"], cwd=tmp_path, env=env,
+                             capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        pyc = Path(out.stdout.strip())
+        assert pyc.is_file() and pyc.parent == tmp_path / "__pycache__"
+        stamps.append(pyc.stat().st_mtime_ns)
+    assert stamps[0] == stamps[1]  # 第二个进程读了第一个写的，没有重写

@@ -1,4 +1,4 @@
-"""起一份 pytest、停掉一份（连同它的子孙进程）、截短失败细节。"""
+"""起一份 pytest、停掉一份（连同它的子孙进程）、截短失败细节；各份的字节码写不写。"""
 
 from __future__ import annotations
 
@@ -14,6 +14,14 @@ from tools.suite.parts import Part, wait_measured
 
 STARTED: dict[str, subprocess.Popen] = {}  # 名字 -> 这一份的 pytest 进程（停掉真权重一档时用）
 STOPPED: set[str] = set()
+
+
+def write_bytecode(env: dict) -> dict:
+    """设了 PYTHONDONTWRITEBYTECODE（有的容器默认设它）时，一次测试起的两百来个 Python 进程每个都要重新编译仓库里
+    同一批源码、重写同一批测试的断言。各份的环境里去掉它：字节码像在多数机器上一样写进源码旁边的 __pycache__
+    （.gitignore 里有它；start、trace 复制目录时跳过它），临时目录里的随临时目录一起删掉。"""
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
 
 
 def run_part(name: str, cmd: list[str], env: dict, nice: int = 0) -> tuple[str, int, str, float, dict, Part]:
